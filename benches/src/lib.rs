@@ -1,0 +1,1 @@
+//! Baselines and shared bodies for the criterion benchmarks.

@@ -1,0 +1,1 @@
+//! WebAssembly policy host. (Stub: filled in by the policy-host work.)

@@ -1,0 +1,1 @@
+//! The default resume policy (stub).
