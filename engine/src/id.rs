@@ -1,0 +1,538 @@
+//! Session ids and event ids: minting, formatting, and the one parser.
+//!
+//! A [`SessionId`] is 128 random bits written as 32 lowercase hex digits. It
+//! is the credential a client presents (`Mcp-Session-Id`), so it is minted
+//! from the operating system's random source and never derived from a
+//! counter.
+//!
+//! An [`EventId`] names everything a cursor must be checked against
+//! (invariant 1 of the design):
+//!
+//! ```text
+//! 9f3a0c12b4e5d6f7-5f1e2d3c4b5a6-2-1a
+//! └──── owner tag ┘ └── epoch ──┘ │ └ sequence
+//!                                 └ stream
+//! ```
+//!
+//! - the owner *tag*: a keyed SipHash of the session id (16 hex digits,
+//!   always), so an id does not reveal the session id it belongs to, yet the
+//!   engine can tell in one comparison whether a cursor was issued by the
+//!   session that presents it;
+//! - the session's *epoch* (its incarnation, never reused);
+//! - the *stream* within the session (the GET stream, one per POST request);
+//! - the *sequence* number within the session's ring.
+//!
+//! The last three are lowercase hex without leading zeros, so every id has
+//! exactly one spelling: the parser accepts exactly what [`EventId`]'s
+//! `Display` produces and rejects everything else with a typed
+//! [`EventIdError`]. The longest id is 59 bytes of visible ASCII; parsing
+//! makes one pass over the bytes and allocates nothing.
+
+use std::fmt;
+
+use siphasher::sip::SipHasher13;
+
+/// Length in bytes of a formatted [`SessionId`].
+pub const SESSION_ID_LEN: usize = 32;
+
+/// Longest formatted [`EventId`], in bytes: 16 + 16 + 8 + 16 hex digits and
+/// three separators.
+pub const EVENT_ID_MAX_LEN: usize = 59;
+
+/// Longest input [`EventId::parse`] looks at; longer input is rejected before
+/// any other check (the design allows ids up to 64 bytes).
+pub const EVENT_ID_INPUT_LIMIT: usize = 64;
+
+/// A session id: 128 random bits, 32 lowercase hex digits.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct SessionId {
+    bits: u128,
+}
+
+/// Why a presented session id is not a session id.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum SessionIdError {
+    /// The id is empty.
+    Empty,
+    /// The id is not 32 bytes long.
+    WrongLength {
+        /// The length presented.
+        len: usize,
+    },
+    /// The byte at `at` is not a lowercase hex digit.
+    InvalidByte {
+        /// Offset of the first bad byte.
+        at: usize,
+    },
+}
+
+impl fmt::Display for SessionIdError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SessionIdError::Empty => f.write_str("session id is empty"),
+            SessionIdError::WrongLength { len } => {
+                write!(f, "session id is {len} bytes long; expected {SESSION_ID_LEN}")
+            }
+            SessionIdError::InvalidByte { at } => {
+                write!(f, "session id byte {at} is not a lowercase hex digit")
+            }
+        }
+    }
+}
+
+impl std::error::Error for SessionIdError {}
+
+impl SessionId {
+    /// Mints a fresh id from the operating system's random source.
+    ///
+    /// # Panics
+    ///
+    /// If the operating system has no random source (the engine cannot mint
+    /// unguessable ids without one, and must not fall back to a guessable
+    /// one).
+    pub fn generate() -> SessionId {
+        let mut bytes = [0u8; 16];
+        getrandom::fill(&mut bytes).expect("the OS random source is unavailable");
+        SessionId { bits: u128::from_le_bytes(bytes) }
+    }
+
+    /// Parses a presented id (e.g. an `Mcp-Session-Id` header value).
+    pub fn parse(s: &str) -> Result<SessionId, SessionIdError> {
+        let bytes = s.as_bytes();
+        if bytes.is_empty() {
+            return Err(SessionIdError::Empty);
+        }
+        if bytes.len() != SESSION_ID_LEN {
+            return Err(SessionIdError::WrongLength { len: bytes.len() });
+        }
+        let mut bits = 0u128;
+        for (at, &b) in bytes.iter().enumerate() {
+            let digit = hex_value(b).ok_or(SessionIdError::InvalidByte { at })?;
+            bits = bits << 4 | u128::from(digit);
+        }
+        Ok(SessionId { bits })
+    }
+
+    /// The id as a number; the registry's key.
+    pub(crate) fn bits(self) -> u128 {
+        self.bits
+    }
+
+    /// The id formatted into a stack buffer.
+    pub fn to_buf(self) -> IdBuf {
+        let mut buf = IdBuf::new();
+        buf.push_hex_fixed(self.bits, SESSION_ID_LEN);
+        buf
+    }
+}
+
+impl fmt::Display for SessionId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.to_buf())
+    }
+}
+
+impl fmt::Debug for SessionId {
+    /// Debug output does not print the credential: only its first 4 digits.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "SessionId({}…)", &self.to_buf()[..4])
+    }
+}
+
+/// The key that turns session ids into owner tags.
+///
+/// Random per engine by default. An operator who wants cursors to stay
+/// attributable across restarts (file-backed storage) configures a fixed key.
+#[derive(Clone, Copy)]
+pub struct TagKey {
+    key: [u8; 16],
+}
+
+impl TagKey {
+    /// A key from the operating system's random source.
+    pub fn random() -> TagKey {
+        let mut key = [0u8; 16];
+        getrandom::fill(&mut key).expect("the OS random source is unavailable");
+        TagKey { key }
+    }
+
+    /// A fixed key.
+    pub const fn from_bytes(key: [u8; 16]) -> TagKey {
+        TagKey { key }
+    }
+
+    /// The owner tag of `session`.
+    pub fn tag(&self, session: SessionId) -> u64 {
+        use std::hash::Hasher;
+        let mut h = SipHasher13::new_with_key(&self.key);
+        h.write_u128(session.bits);
+        h.finish()
+    }
+}
+
+impl fmt::Debug for TagKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("TagKey(..)")
+    }
+}
+
+/// A session-scoped, epoch-tagged event id (a cursor, once a client sends it
+/// back as `Last-Event-ID`).
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub struct EventId {
+    /// Keyed tag of the owner session's id.
+    pub tag: u64,
+    /// Epoch (incarnation) of the owner session.
+    pub epoch: u64,
+    /// Stream within the session.
+    pub stream: u32,
+    /// Sequence number within the session; 0 means "before the first event".
+    pub seq: u64,
+}
+
+/// One of the four fields of an [`EventId`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IdField {
+    /// The owner tag.
+    Tag,
+    /// The epoch.
+    Epoch,
+    /// The stream.
+    Stream,
+    /// The sequence number.
+    Seq,
+}
+
+impl IdField {
+    const ORDER: [IdField; 4] = [IdField::Tag, IdField::Epoch, IdField::Stream, IdField::Seq];
+
+    const fn max_digits(self) -> usize {
+        match self {
+            IdField::Tag | IdField::Epoch | IdField::Seq => 16,
+            IdField::Stream => 8,
+        }
+    }
+}
+
+impl fmt::Display for IdField {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            IdField::Tag => "owner tag",
+            IdField::Epoch => "epoch",
+            IdField::Stream => "stream",
+            IdField::Seq => "sequence",
+        })
+    }
+}
+
+/// Why a presented `Last-Event-ID` is not an event id of this engine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum EventIdError {
+    /// The id is empty.
+    Empty,
+    /// The id is longer than [`EVENT_ID_INPUT_LIMIT`] bytes.
+    TooLong {
+        /// The length presented.
+        len: usize,
+    },
+    /// The byte at `at` is outside visible ASCII (0x21–0x7E).
+    NotVisibleAscii {
+        /// Offset of the first bad byte.
+        at: usize,
+    },
+    /// The byte at `at` is visible ASCII but neither a lowercase hex digit
+    /// nor the `-` separator.
+    UnexpectedByte {
+        /// Offset of the first bad byte.
+        at: usize,
+    },
+    /// The id does not have exactly four `-`-separated fields.
+    FieldCount,
+    /// A field is empty, too long, or has a leading zero (every id has
+    /// exactly one spelling); the tag must be exactly 16 digits.
+    BadField {
+        /// The offending field.
+        field: IdField,
+    },
+}
+
+impl fmt::Display for EventIdError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            EventIdError::Empty => f.write_str("event id is empty"),
+            EventIdError::TooLong { len } => {
+                write!(f, "event id is {len} bytes long; the limit is {EVENT_ID_INPUT_LIMIT}")
+            }
+            EventIdError::NotVisibleAscii { at } => {
+                write!(f, "event id byte {at} is not visible ASCII")
+            }
+            EventIdError::UnexpectedByte { at } => {
+                write!(f, "event id byte {at} is neither a lowercase hex digit nor '-'")
+            }
+            EventIdError::FieldCount => f.write_str("event id does not have four '-'-separated fields"),
+            EventIdError::BadField { field } => {
+                write!(f, "event id {field} field is empty, too long or not in canonical form")
+            }
+        }
+    }
+}
+
+impl std::error::Error for EventIdError {}
+
+impl EventId {
+    /// Parses a presented cursor. One pass, no allocation; accepts exactly
+    /// the spellings `Display` produces.
+    pub fn parse(s: &str) -> Result<EventId, EventIdError> {
+        let bytes = s.as_bytes();
+        if bytes.is_empty() {
+            return Err(EventIdError::Empty);
+        }
+        if bytes.len() > EVENT_ID_INPUT_LIMIT {
+            return Err(EventIdError::TooLong { len: bytes.len() });
+        }
+        let mut values = [0u64; 4];
+        let mut field = 0usize;
+        let mut digits = 0usize;
+        let mut leading_zero = false;
+        for (at, &b) in bytes.iter().enumerate() {
+            if !(0x21..=0x7e).contains(&b) {
+                return Err(EventIdError::NotVisibleAscii { at });
+            }
+            if b == b'-' {
+                check_field(IdField::ORDER[field], digits, leading_zero)?;
+                field += 1;
+                if field == 4 {
+                    return Err(EventIdError::FieldCount);
+                }
+                digits = 0;
+                continue;
+            }
+            let digit = hex_value(b).ok_or(EventIdError::UnexpectedByte { at })?;
+            let which = IdField::ORDER[field];
+            if digits == which.max_digits() {
+                return Err(EventIdError::BadField { field: which });
+            }
+            if digits == 0 {
+                leading_zero = digit == 0;
+            }
+            values[field] = values[field] << 4 | u64::from(digit);
+            digits += 1;
+        }
+        if field != 3 {
+            return Err(EventIdError::FieldCount);
+        }
+        check_field(IdField::Seq, digits, leading_zero)?;
+        Ok(EventId {
+            tag: values[0],
+            epoch: values[1],
+            // Bounded to 8 digits above, so it fits.
+            stream: values[2] as u32,
+            seq: values[3],
+        })
+    }
+
+    /// The id formatted into a stack buffer.
+    pub fn to_buf(&self) -> IdBuf {
+        let mut buf = IdBuf::new();
+        buf.push_hex_fixed(u128::from(self.tag), 16);
+        buf.push_byte(b'-');
+        buf.push_hex(self.epoch);
+        buf.push_byte(b'-');
+        buf.push_hex(u64::from(self.stream));
+        buf.push_byte(b'-');
+        buf.push_hex(self.seq);
+        buf
+    }
+}
+
+fn check_field(field: IdField, digits: usize, leading_zero: bool) -> Result<(), EventIdError> {
+    let ok = match field {
+        IdField::Tag => digits == 16,
+        // "0" is the one spelling of zero; "00", "01" are not canonical.
+        _ => digits >= 1 && !(leading_zero && digits > 1),
+    };
+    if ok {
+        Ok(())
+    } else {
+        Err(EventIdError::BadField { field })
+    }
+}
+
+impl fmt::Display for EventId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.to_buf())
+    }
+}
+
+/// A formatted id on the stack: derefs to `&str`.
+#[derive(Clone, Copy)]
+pub struct IdBuf {
+    bytes: [u8; 64],
+    len: u8,
+}
+
+impl IdBuf {
+    const fn new() -> IdBuf {
+        IdBuf { bytes: [0; 64], len: 0 }
+    }
+
+    fn push_byte(&mut self, b: u8) {
+        self.bytes[usize::from(self.len)] = b;
+        self.len += 1;
+    }
+
+    fn push_hex_fixed(&mut self, value: u128, digits: usize) {
+        for i in (0..digits).rev() {
+            self.push_byte(HEX[((value >> (4 * i)) & 0xf) as usize]);
+        }
+    }
+
+    fn push_hex(&mut self, value: u64) {
+        let digits = if value == 0 { 1 } else { (64 - value.leading_zeros() as usize).div_ceil(4) };
+        self.push_hex_fixed(u128::from(value), digits);
+    }
+}
+
+impl std::ops::Deref for IdBuf {
+    type Target = str;
+
+    fn deref(&self) -> &str {
+        // Only ASCII hex digits and '-' are ever pushed.
+        std::str::from_utf8(&self.bytes[..usize::from(self.len)]).expect("ids are ASCII")
+    }
+}
+
+impl fmt::Debug for IdBuf {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&**self, f)
+    }
+}
+
+impl fmt::Display for IdBuf {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self)
+    }
+}
+
+const HEX: &[u8; 16] = b"0123456789abcdef";
+
+#[inline]
+fn hex_value(b: u8) -> Option<u8> {
+    match b {
+        b'0'..=b'9' => Some(b - b'0'),
+        b'a'..=b'f' => Some(b - b'a' + 10),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn id(tag: u64, epoch: u64, stream: u32, seq: u64) -> EventId {
+        EventId { tag, epoch, stream, seq }
+    }
+
+    #[test]
+    fn formats_canonically() {
+        let e = id(0x9f3a_0c12_b4e5_d6f7, 0x5f1e2d3c4b5a6, 2, 0x1a);
+        assert_eq!(e.to_string(), "9f3a0c12b4e5d6f7-5f1e2d3c4b5a6-2-1a");
+        assert_eq!(id(0, 0, 0, 0).to_string(), "0000000000000000-0-0-0");
+        let max = id(u64::MAX, u64::MAX, u32::MAX, u64::MAX).to_string();
+        assert_eq!(max.len(), EVENT_ID_MAX_LEN);
+    }
+
+    #[test]
+    fn rejects_each_kind_of_bad_input_with_its_error() {
+        use EventIdError::*;
+        let cases: &[(&str, EventIdError)] = &[
+            ("", Empty),
+            (&"a".repeat(65), TooLong { len: 65 }),
+            ("0000000000000000-1-2-3 ", NotVisibleAscii { at: 22 }),
+            ("0000000000000000-1-2-é", NotVisibleAscii { at: 21 }),
+            ("0000000000000000-1-2-\n", NotVisibleAscii { at: 21 }),
+            ("0000000000000000-1-2-A", UnexpectedByte { at: 21 }),
+            ("0000000000000000_1-2-3", UnexpectedByte { at: 16 }),
+            ("0000000000000000-1-2", FieldCount),
+            ("0000000000000000-1-2-3-4", FieldCount),
+            ("000000000000000-1-2-3", BadField { field: IdField::Tag }),
+            ("00000000000000000-1-2-3", BadField { field: IdField::Tag }),
+            ("0000000000000000--2-3", BadField { field: IdField::Epoch }),
+            ("0000000000000000-01-2-3", BadField { field: IdField::Epoch }),
+            ("0000000000000000-1-123456789-3", BadField { field: IdField::Stream }),
+            ("0000000000000000-1-2-", BadField { field: IdField::Seq }),
+            ("0000000000000000-1-2-00", BadField { field: IdField::Seq }),
+            ("0000000000000000-1-2-10000000000000000", BadField { field: IdField::Seq }),
+            ("evt-4471", UnexpectedByte { at: 1 }),
+            ("0000000000000000-1-2-3\0", NotVisibleAscii { at: 22 }),
+            ("4471", FieldCount),
+            ("0", FieldCount),
+        ];
+        for (input, want) in cases {
+            assert_eq!(EventId::parse(input), Err(*want), "{input:?}");
+        }
+    }
+
+    #[test]
+    fn session_ids_are_unique_and_round_trip() {
+        let a = SessionId::generate();
+        let b = SessionId::generate();
+        assert_ne!(a, b);
+        let s = a.to_string();
+        assert_eq!(s.len(), SESSION_ID_LEN);
+        assert!(s.bytes().all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()));
+        assert_eq!(SessionId::parse(&s), Ok(a));
+        assert!(!format!("{a:?}").contains(&s), "Debug must not print the credential");
+    }
+
+    #[test]
+    fn session_id_errors() {
+        assert_eq!(SessionId::parse(""), Err(SessionIdError::Empty));
+        assert_eq!(SessionId::parse("abc"), Err(SessionIdError::WrongLength { len: 3 }));
+        let upper = "A".repeat(32);
+        assert_eq!(SessionId::parse(&upper), Err(SessionIdError::InvalidByte { at: 0 }));
+        let mut s = "0".repeat(31);
+        s.push('é');
+        assert!(SessionId::parse(&s).is_err());
+    }
+
+    #[test]
+    fn tags_depend_on_key_and_session() {
+        let (a, b) = (SessionId::generate(), SessionId::generate());
+        let k1 = TagKey::from_bytes([1; 16]);
+        let k2 = TagKey::from_bytes([2; 16]);
+        assert_eq!(k1.tag(a), k1.tag(a));
+        assert_ne!(k1.tag(a), k1.tag(b));
+        assert_ne!(k1.tag(a), k2.tag(a));
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(if cfg!(miri) { 16 } else { 2048 }))]
+
+        #[test]
+        fn event_ids_round_trip(tag: u64, epoch: u64, stream: u32, seq: u64) {
+            let e = id(tag, epoch, stream, seq);
+            let s = e.to_string();
+            prop_assert!(s.len() <= EVENT_ID_MAX_LEN);
+            prop_assert!(s.bytes().all(|b| (0x21..=0x7e).contains(&b)));
+            prop_assert_eq!(EventId::parse(&s), Ok(e));
+        }
+
+        #[test]
+        fn parser_accepts_only_canonical_spellings(input in "[0-9a-f-]{0,70}|\\PC{0,70}") {
+            // Whatever parses must print back to exactly the input.
+            if let Ok(e) = EventId::parse(&input) {
+                prop_assert_eq!(e.to_string(), input);
+            }
+        }
+
+        #[test]
+        fn session_ids_round_trip(bits: u128) {
+            let s = SessionId { bits };
+            prop_assert_eq!(SessionId::parse(&s.to_string()), Ok(s));
+        }
+    }
+}

@@ -1,0 +1,297 @@
+//! Resume: from presented headers to facts, a verdict, and what to send.
+//!
+//! 1. **Facts.** The presented session id is looked up (never the cursor:
+//!    the engine has no index from cursors to events). The cursor is parsed
+//!    and classified against *that* session: owner tag, epoch, high-water
+//!    mark, retained window. The result is a [`ResumeFacts`] with the safe
+//!    verdict set and the decision table's default filled in.
+//! 2. **Decision.** The engine's [`Policy`](crate::policy::Policy) picks a
+//!    verdict; [`clamp`] replaces anything outside the safe set by the
+//!    default (invariant 6).
+//! 3. **Action.** Only a `Resume` verdict yields a reader positioned after
+//!    the cursor, and it reads the presented session's own ring, on the
+//!    cursor's stream (invariant 2). A fresh stream carries the session
+//!    handle and, for `reset`/`gap`, the signal to send first.
+
+use std::fmt;
+use std::sync::Arc;
+
+use rewind_policy_sdk::{CursorFact, ResumeFacts, SessionFact, Verdict, UNKNOWN};
+
+use crate::engine::{Engine, SessionHandle, Shared};
+use crate::id::{EventId, SessionId};
+use crate::policy::{clamp, PolicyFault};
+use crate::replay::Replay;
+use crate::ring::SlotRead;
+use crate::session::{Session, NO_STREAM};
+
+/// What a reconnecting client presented.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ResumeRequest<'a> {
+    /// The session id header (`Mcp-Session-Id`), if any.
+    pub session_id: Option<&'a str>,
+    /// The `Last-Event-ID` header, if any.
+    pub last_event_id: Option<&'a str>,
+    /// The authenticated principal the embedding server vouches for, if any.
+    pub principal: Option<&'a str>,
+}
+
+/// The engine's answer to a reconnect.
+#[derive(Debug)]
+pub struct ResumeDecision {
+    /// The facts the policy saw.
+    pub facts: ResumeFacts,
+    /// The verdict acted on (after clamping).
+    pub verdict: Verdict,
+    /// The policy generation that decided.
+    pub generation: u64,
+    /// Set when the policy's own answer was replaced by the safe default.
+    pub fault: Option<PolicyFault>,
+    /// What to send.
+    pub action: ResumeAction,
+}
+
+/// What to send to the client.
+#[derive(Debug)]
+pub enum ResumeAction {
+    /// Replay the cursor's stream after the cursor, then keep reading live.
+    Replay(Replay),
+    /// Start a fresh stream. `session` is the live session the stream
+    /// belongs to, or `None` when there is none (the embedding must open a
+    /// new session, never read an old one). `signal`, if any, goes first.
+    Fresh {
+        /// The presented session, if it is live and the presenter's.
+        session: Option<SessionHandle>,
+        /// The `reset`/`gap` signal to send as the first event.
+        signal: Option<Signal>,
+    },
+    /// Refuse; nothing is delivered.
+    Reject(Rejection),
+}
+
+/// A refused reconnect.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Rejection {
+    /// [`Verdict::BadRequest`], [`Verdict::Conflict`] or [`Verdict::Gone`].
+    pub verdict: Verdict,
+    /// Why, for the response body and logs. Never names another session.
+    pub reason: &'static str,
+}
+
+impl Rejection {
+    /// The HTTP status of the design's table: 400, 409 or 404.
+    pub fn http_status(&self) -> u16 {
+        match self.verdict {
+            Verdict::BadRequest => 400,
+            Verdict::Conflict => 409,
+            _ => 404,
+        }
+    }
+}
+
+/// Which signal opens a fresh stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SignalKind {
+    /// The cursor is from an earlier incarnation of the session.
+    Reset,
+    /// Events after the cursor are no longer retained.
+    Gap,
+}
+
+impl SignalKind {
+    /// The SSE `event:` name.
+    pub fn event_name(self) -> &'static str {
+        match self {
+            SignalKind::Reset => "reset",
+            SignalKind::Gap => "gap",
+        }
+    }
+}
+
+/// The first event of a fresh stream that replaces a resume.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Signal {
+    /// `reset` or `gap`.
+    pub kind: SignalKind,
+    /// Why, in a few words.
+    pub reason: &'static str,
+    /// The client's cursor, re-formatted (never echoed raw).
+    pub cursor: Option<EventId>,
+    /// The oldest event the session still holds, if any.
+    pub oldest: Option<EventId>,
+}
+
+impl Signal {
+    /// The SSE `data:` body: a small JSON object.
+    pub fn to_json(&self) -> String {
+        let mut out = format!("{{\"reason\":\"{}\"", self.reason);
+        // Ids are hex digits and '-', so they need no escaping.
+        if let Some(c) = self.cursor {
+            out.push_str(&format!(",\"cursor\":\"{c}\""));
+        }
+        if let Some(o) = self.oldest {
+            out.push_str(&format!(",\"oldest\":\"{o}\""));
+        }
+        out.push('}');
+        out
+    }
+}
+
+impl fmt::Display for Signal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.kind.event_name(), self.to_json())
+    }
+}
+
+/// The facts of one request, with what was looked up to find them.
+struct Classified {
+    facts: ResumeFacts,
+    session: Option<Arc<Session>>,
+    cursor: Option<EventId>,
+}
+
+impl Engine {
+    /// Decides a reconnect and returns what to send. Never panics on any
+    /// input; never returns a reader of a session other than the presented
+    /// one.
+    pub fn resume(&self, req: ResumeRequest<'_>) -> ResumeDecision {
+        let c = self.shared.classify(req);
+        let answer = self.shared.policy.decide(&c.facts);
+        let (verdict, fault) = clamp(&c.facts, answer);
+        self.shared.metrics.verdict(verdict, fault);
+        let action = self.shared.act(&c, verdict);
+        ResumeDecision { facts: c.facts, verdict, generation: answer.generation, fault, action }
+    }
+
+    /// The facts the engine would hand the policy for `req`, without
+    /// deciding. For tests, tooling and policy authors.
+    pub fn facts(&self, req: ResumeRequest<'_>) -> ResumeFacts {
+        self.shared.classify(req).facts
+    }
+}
+
+impl Shared {
+    fn classify(&self, req: ResumeRequest<'_>) -> Classified {
+        let cursor = req.last_event_id.map(EventId::parse);
+        let parsed = cursor.and_then(Result::ok);
+        let mut session = None;
+        let session_fact = match req.session_id.map(SessionId::parse) {
+            None => SessionFact::Absent,
+            Some(Err(_)) => SessionFact::Malformed,
+            Some(Ok(id)) => match self.live(id) {
+                Some(s) if s.principal_matches(req.principal) => {
+                    session = Some(s);
+                    SessionFact::Live
+                }
+                Some(_) => SessionFact::WrongPrincipal,
+                None if parsed.is_some_and(|c| c.epoch < self.boot_epoch) => SessionFact::PreviousBoot,
+                None => SessionFact::Unknown,
+            },
+        };
+        let now = self.now_ms();
+        let mut facts = ResumeFacts::new(session_fact, CursorFact::Absent);
+        facts.max_resume_age_ms = self
+            .config
+            .max_resume_age
+            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1));
+        let cursor_fact = match (cursor, &session) {
+            (None, _) => CursorFact::Absent,
+            (Some(Err(_)), _) => CursorFact::Malformed,
+            (Some(Ok(_)), None) => CursorFact::Unchecked,
+            (Some(Ok(c)), Some(s)) => classify_cursor(s, c, now, &mut facts),
+        };
+        if let Some(s) = &session {
+            s.touch(now);
+        }
+        facts.cursor = cursor_fact.code();
+        Classified { facts: facts.with_safe_set(), session, cursor: parsed }
+    }
+
+    fn act(self: &Arc<Self>, c: &Classified, verdict: Verdict) -> ResumeAction {
+        let handle = || {
+            c.session
+                .as_ref()
+                .filter(|_| c.facts.session_fact() == Some(SessionFact::Live))
+                .map(|s| SessionHandle { session: s.clone(), shared: self.clone() })
+        };
+        let signal = |kind: SignalKind| {
+            let s = c.session.as_ref()?;
+            let oldest = (c.facts.oldest_retained != UNKNOWN && c.facts.oldest_retained <= c.facts.high_water)
+                .then(|| s.event_id(c.cursor.map_or(0, |e| e.stream), c.facts.oldest_retained));
+            Some(Signal { kind, reason: reason(&c.facts), cursor: c.cursor, oldest })
+        };
+        match verdict {
+            Verdict::Resume => match (&c.session, c.cursor) {
+                // The clamp admits Resume only for a live session and an
+                // in-window cursor, so both are present.
+                (Some(s), Some(cur)) => {
+                    ResumeAction::Replay(Replay::new(s.clone(), self.clone(), cur.stream, cur.seq))
+                }
+                _ => unreachable!("Resume outside the safe set"),
+            },
+            Verdict::Fresh => ResumeAction::Fresh { session: handle(), signal: None },
+            Verdict::FreshReset => ResumeAction::Fresh { session: handle(), signal: signal(SignalKind::Reset) },
+            Verdict::FreshGap => ResumeAction::Fresh { session: handle(), signal: signal(SignalKind::Gap) },
+            v => ResumeAction::Reject(Rejection { verdict: v, reason: reason(&c.facts) }),
+        }
+    }
+}
+
+/// Classifies a well-formed cursor against the live session that presents
+/// it, filling the numeric facts on the way.
+fn classify_cursor(s: &Session, c: EventId, now: u64, facts: &mut ResumeFacts) -> CursorFact {
+    let ring = &s.ring;
+    let high_water = ring.high_water();
+    facts.high_water = high_water;
+    facts.oldest_retained = ring.oldest_retained();
+    facts.idle_ms = now.saturating_sub(s.last_active_ms.load(std::sync::atomic::Ordering::Relaxed));
+    if c.tag != s.tag {
+        return CursorFact::Foreign;
+    }
+    if c.epoch < s.epoch {
+        return CursorFact::OlderEpoch;
+    }
+    if c.epoch > s.epoch || c.seq > high_water {
+        return CursorFact::Future;
+    }
+    facts.cursor_seq = c.seq;
+    // Reading with the reserved stream id validates the slot and yields its
+    // header without copying the payload.
+    let mut no_payload = Vec::new();
+    facts.cursor_age_ms = if c.seq == 0 {
+        now.saturating_sub(s.opened_ms)
+    } else {
+        match ring.read(c.seq, Some(NO_STREAM), &mut no_payload) {
+            SlotRead::OtherStream(meta) | SlotRead::Event(meta) => now.saturating_sub(meta.appended_ms),
+            SlotRead::Pending | SlotRead::Overwritten => UNKNOWN,
+        }
+    };
+    if c.seq == high_water {
+        return CursorFact::InWindow;
+    }
+    // In window iff the first event after the cursor is still held (a
+    // writer still finishing it counts as held).
+    match ring.read(c.seq + 1, Some(NO_STREAM), &mut no_payload) {
+        SlotRead::Overwritten => CursorFact::BeforeWindow,
+        _ => CursorFact::InWindow,
+    }
+}
+
+/// A short reason for the facts, safe to show the client.
+fn reason(facts: &ResumeFacts) -> &'static str {
+    match (facts.session_fact(), facts.cursor_fact()) {
+        (Some(SessionFact::Absent), _) => "no session id presented",
+        (Some(SessionFact::Malformed), _) => "malformed session id",
+        (Some(SessionFact::Unknown), _) => "session not found",
+        (Some(SessionFact::PreviousBoot), _) => "session belongs to a previous server incarnation",
+        (Some(SessionFact::WrongPrincipal), _) => "session is bound to another principal",
+        (_, Some(CursorFact::Absent)) => "no cursor",
+        (_, Some(CursorFact::Malformed)) => "malformed Last-Event-ID",
+        (_, Some(CursorFact::Foreign)) => "Last-Event-ID was not issued by this session",
+        (_, Some(CursorFact::OlderEpoch)) => "Last-Event-ID is from an earlier incarnation of this session",
+        (_, Some(CursorFact::Future)) => "Last-Event-ID is beyond anything this session issued",
+        (_, Some(CursorFact::BeforeWindow)) => "events after Last-Event-ID are no longer retained",
+        (_, Some(CursorFact::InWindow)) => "resumable",
+        _ => "refused by policy",
+    }
+}
