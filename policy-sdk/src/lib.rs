@@ -28,9 +28,16 @@
 //! | `rewind_decide` | `() -> i32` | reads the facts buffer, returns a [`Verdict`] code |
 //!
 //! A guest module imports nothing.
+//!
+//! # Writing a policy
+//!
+//! Wrap one function in [`rewind_policy!`]; the [`guest`] module has a
+//! complete crate, and the README a step-by-step guide.
 #![no_std]
 
 use bytemuck::{Pod, Zeroable};
+
+pub mod guest;
 
 /// Version of the layout of [`ResumeFacts`] and of the guest exports.
 pub const ABI_VERSION: u32 = 1;

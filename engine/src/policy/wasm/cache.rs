@@ -1,0 +1,174 @@
+//! The per-thread cache of instances: how a decision is one typed call with
+//! no instantiation and no lock.
+//!
+//! Each thread keeps, per host, one slot: the generation it last used (an
+//! `Arc`, so a swap cannot free a module under a running call) and an
+//! instance of it. A decision reads the live generation's number (one
+//! atomic load), and only when it differs from the slot's does the slot
+//! load the live generation from the `ArcSwap` (wait-free) and switch to it,
+//! instantiating the new module once on this thread. After any fault the
+//! instance is dropped and the next decision re-instantiates.
+
+use std::cell::RefCell;
+use std::sync::atomic::Ordering::Acquire;
+use std::sync::{Arc, Weak};
+
+use rewind_policy_sdk::{ResumeFacts, Verdict};
+
+use super::host::{Generation, HostShared};
+use super::instance::PolicyInstance;
+use crate::policy::{PolicyAnswer, PolicyFault};
+
+/// Decisions a thread counts locally before adding them to the
+/// generation's shared counter (which would otherwise bounce between cores
+/// on every decision).
+const FLUSH_EVERY: u64 = 256;
+/// Slots a thread keeps (one per host it decides with); past this, the
+/// least recently added is dropped.
+const MAX_SLOTS: usize = 8;
+
+struct Slot {
+    host_id: u64,
+    host: Weak<HostShared>,
+    generation: Arc<Generation>,
+    instance: Option<PolicyInstance>,
+    pending_decisions: u64,
+}
+
+thread_local! {
+    static SLOTS: RefCell<Vec<Slot>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Decides with `shared`'s live generation on this thread's instance.
+#[inline]
+pub(crate) fn decide(shared: &Arc<HostShared>, facts: &ResumeFacts) -> PolicyAnswer {
+    let cached = SLOTS.try_with(|slots| {
+        // Not re-entrant (a policy cannot call back), but a `Policy` might be
+        // asked from a destructor during another decision: go uncached then.
+        let mut slots = slots.try_borrow_mut().ok()?;
+        Some(decide_cached(&mut slots, shared, facts))
+    });
+    match cached {
+        Ok(Some(answer)) => answer,
+        // Thread-local storage is being torn down, or busy: a one-off slot.
+        _ => Slot::new(shared, shared.live.load_full()).decide(shared, facts),
+    }
+}
+
+#[inline]
+fn decide_cached(
+    slots: &mut Vec<Slot>,
+    shared: &Arc<HostShared>,
+    facts: &ResumeFacts,
+) -> PolicyAnswer {
+    let index = match slots.iter().position(|s| s.host_id == shared.id) {
+        Some(index) => index,
+        None => {
+            slots.retain(|s| s.host.strong_count() > 0);
+            if slots.len() >= MAX_SLOTS {
+                slots.remove(0);
+            }
+            slots.push(Slot::new(shared, shared.live.load_full()));
+            slots.len() - 1
+        }
+    };
+    let slot = &mut slots[index];
+    // `Acquire` pairs with the `Release` store in `PolicyHost::publish` /
+    // `HostShared::roll_back`; the `Arc` itself comes from the `ArcSwap`.
+    if shared.live_number.load(Acquire) != slot.generation.number {
+        slot.switch_to(shared.live.load_full());
+    }
+    slot.decide(shared, facts)
+}
+
+impl Slot {
+    fn new(shared: &Arc<HostShared>, generation: Arc<Generation>) -> Slot {
+        Slot {
+            host_id: shared.id,
+            host: Arc::downgrade(shared),
+            generation,
+            instance: None,
+            pending_decisions: 0,
+        }
+    }
+
+    fn switch_to(&mut self, generation: Arc<Generation>) {
+        self.flush();
+        self.instance = None;
+        self.generation = generation;
+    }
+
+    fn flush(&mut self) {
+        self.generation
+            .counters
+            .add_decisions(self.pending_decisions);
+        self.pending_decisions = 0;
+    }
+
+    #[inline]
+    fn decide(&mut self, shared: &HostShared, facts: &ResumeFacts) -> PolicyAnswer {
+        self.pending_decisions += 1;
+        if self.pending_decisions >= FLUSH_EVERY {
+            self.flush();
+        }
+        let generation = self.generation.number;
+        let instance = match &mut self.instance {
+            Some(instance) => instance,
+            None => {
+                match PolicyInstance::new(&shared.engine, &self.generation.module, &shared.config) {
+                    Ok(instance) => {
+                        self.generation.counters.count_instantiation();
+                        self.instance.insert(instance)
+                    }
+                    Err(_) => return self.fault(shared, facts, PolicyFault::Unavailable),
+                }
+            }
+        };
+        match instance.call(facts) {
+            Ok(code) if Verdict::from_code(code).is_some_and(|v| facts.allowed.contains(v)) => {
+                PolicyAnswer {
+                    code,
+                    generation,
+                    fault: None,
+                }
+            }
+            Ok(_) => {
+                // The instance is fine; only the answer is not allowed.
+                self.generation.counters.count(PolicyFault::OutOfSet);
+                fallback(facts, generation, PolicyFault::OutOfSet)
+            }
+            Err(fault) => {
+                // A trapped instance may be mid-update: never call it again.
+                self.instance = None;
+                self.fault(shared, facts, fault)
+            }
+        }
+    }
+
+    #[cold]
+    fn fault(
+        &mut self,
+        shared: &HostShared,
+        facts: &ResumeFacts,
+        fault: PolicyFault,
+    ) -> PolicyAnswer {
+        self.flush();
+        self.generation.counters.count(fault);
+        shared.after_fault(&self.generation);
+        fallback(facts, self.generation.number, fault)
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.flush();
+    }
+}
+
+fn fallback(facts: &ResumeFacts, generation: u64, fault: PolicyFault) -> PolicyAnswer {
+    PolicyAnswer {
+        code: facts.default().code(),
+        generation,
+        fault: Some(fault),
+    }
+}

@@ -1,0 +1,143 @@
+//! Budgets and switches of a [`PolicyHost`](super::PolicyHost).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// How a [`PolicyHost`](super::PolicyHost) sandboxes and checks its policies.
+///
+/// Every budget exists because a policy is untrusted code run on the resume
+/// path of every reconnect:
+///
+/// - `fuel_per_decision` bounds the *work* of one decision, deterministically
+///   (the same facts always cost the same fuel), so a loop is stopped after
+///   the same number of instructions on every machine.
+/// - `epoch_tick` × `deadline_ticks` bounds its *wall-clock time*: a backstop
+///   for work that fuel does not meter well (memory growth, host slowness).
+/// - `memory_limit_bytes` caps each instance's linear memory (a growth bomb
+///   gets a trap, not the server's RAM).
+/// - `max_wasm_stack_bytes` caps native stack use, so runaway recursion
+///   traps instead of overflowing the host thread's stack.
+/// - `table_elements` caps the indirect-call table.
+///
+/// The validation and rollback settings decide when a module may go live and
+/// when it is taken back out.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct PolicyHostConfig {
+    /// Fuel (≈ wasm instructions) one decision may use. Default 100 000;
+    /// the default plugin uses well under 100.
+    pub fuel_per_decision: u64,
+    /// Period of the epoch ticker thread. Default 5 ms.
+    pub epoch_tick: Duration,
+    /// Ticks a decision may run before it is interrupted (so the deadline
+    /// is between `deadline_ticks - 1` and `deadline_ticks` ticks). Default
+    /// 20, about 100 ms. Generous on purpose: wall time includes the time
+    /// the OS keeps the deciding thread descheduled, and on a loaded
+    /// machine that alone can pass 10 ms (seen in this workspace's tests),
+    /// which would fail an innocent decision. Fuel is the tight budget.
+    pub deadline_ticks: u64,
+    /// Cap on one instance's linear memory. Default 2 MiB: a Rust guest
+    /// built with the toolchain's default 1 MiB stack fits; the plugins in
+    /// this workspace are linked with a 64 KiB stack and use 128 KiB.
+    pub memory_limit_bytes: usize,
+    /// Cap on the native stack wasm code may use. Default 128 KiB.
+    pub max_wasm_stack_bytes: usize,
+    /// Cap on table elements per instance. Default 1 024.
+    pub table_elements: usize,
+    /// Randomised facts a candidate runs during validation, after every row
+    /// of the decision table. Default 4 096.
+    pub validation_random_cases: usize,
+    /// Seed of those randomised facts (validation is reproducible).
+    pub validation_seed: u64,
+    /// Automatic rollback of a live generation whose fault rate gets too
+    /// high; `None` turns it off.
+    pub auto_rollback: Option<AutoRollback>,
+    /// A directory for wasmtime's cache of compiled modules (keyed by the
+    /// module's bytes and this host's compiler settings, so it only ever
+    /// hands back code that a host with the same settings compiled). `None`
+    /// (the default) compiles every load.
+    pub compilation_cache_dir: Option<PathBuf>,
+}
+
+/// When a live generation is rolled back automatically.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AutoRollback {
+    /// Fault rate (traps + timeouts + out-of-fuel + unavailable, over
+    /// decisions) above which the generation is rolled back.
+    pub max_fault_rate: f64,
+    /// Decisions a generation must have made before its rate is judged,
+    /// so one early fault does not roll it back.
+    pub min_decisions: u64,
+}
+
+impl Default for AutoRollback {
+    fn default() -> Self {
+        AutoRollback {
+            max_fault_rate: 0.01,
+            min_decisions: 1_000,
+        }
+    }
+}
+
+impl Default for PolicyHostConfig {
+    fn default() -> Self {
+        PolicyHostConfig {
+            fuel_per_decision: 100_000,
+            epoch_tick: Duration::from_millis(5),
+            deadline_ticks: 20,
+            memory_limit_bytes: 2 << 20,
+            max_wasm_stack_bytes: 128 << 10,
+            table_elements: 1_024,
+            validation_random_cases: 4_096,
+            validation_seed: 0x5EED_2E51_0DE0_0001,
+            auto_rollback: Some(AutoRollback::default()),
+            compilation_cache_dir: None,
+        }
+    }
+}
+
+impl PolicyHostConfig {
+    /// Sets [`fuel_per_decision`](Self::fuel_per_decision).
+    pub fn fuel_per_decision(mut self, fuel: u64) -> Self {
+        self.fuel_per_decision = fuel;
+        self
+    }
+
+    /// Sets the wall-clock deadline: `ticks` periods of `tick`.
+    pub fn deadline(mut self, tick: Duration, ticks: u64) -> Self {
+        self.epoch_tick = tick;
+        self.deadline_ticks = ticks;
+        self
+    }
+
+    /// Sets [`memory_limit_bytes`](Self::memory_limit_bytes).
+    pub fn memory_limit_bytes(mut self, bytes: usize) -> Self {
+        self.memory_limit_bytes = bytes;
+        self
+    }
+
+    /// Sets [`max_wasm_stack_bytes`](Self::max_wasm_stack_bytes).
+    pub fn max_wasm_stack_bytes(mut self, bytes: usize) -> Self {
+        self.max_wasm_stack_bytes = bytes;
+        self
+    }
+
+    /// Sets the number and seed of randomised validation facts.
+    pub fn validation(mut self, random_cases: usize, seed: u64) -> Self {
+        self.validation_random_cases = random_cases;
+        self.validation_seed = seed;
+        self
+    }
+
+    /// Sets (or, with `None`, turns off) automatic rollback.
+    pub fn auto_rollback(mut self, rule: Option<AutoRollback>) -> Self {
+        self.auto_rollback = rule;
+        self
+    }
+
+    /// Sets [`compilation_cache_dir`](Self::compilation_cache_dir).
+    pub fn compilation_cache_dir(mut self, dir: Option<PathBuf>) -> Self {
+        self.compilation_cache_dir = dir;
+        self
+    }
+}

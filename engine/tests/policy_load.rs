@@ -1,0 +1,253 @@
+//! Load-time refusals of the policy host: every module that cannot be a
+//! policy is refused before it can decide, with an error that says why.
+#![cfg(feature = "wasm")]
+
+use rewind_engine::policy::wasm::{plugins, HostError, LoadError, PolicyHost, PolicyHostConfig};
+use rewind_policy_sdk::ABI_VERSION;
+
+fn host() -> PolicyHost {
+    PolicyHost::with_default_policy().expect("the default policy loads")
+}
+
+/// A hand-assembled module: the three `() -> i32` exports returning
+/// constants, one page of memory, and only the exports named in `exports`.
+fn tiny_module(abi: i32, facts_ptr: i32, exports: &[&str]) -> Vec<u8> {
+    fn section(out: &mut Vec<u8>, id: u8, body: &[u8]) {
+        out.push(id);
+        uleb(out, body.len() as u64);
+        out.extend_from_slice(body);
+    }
+    fn uleb(out: &mut Vec<u8>, mut v: u64) {
+        loop {
+            let byte = (v & 0x7f) as u8;
+            v >>= 7;
+            if v == 0 {
+                out.push(byte);
+                return;
+            }
+            out.push(byte | 0x80);
+        }
+    }
+    fn sleb(out: &mut Vec<u8>, mut v: i64) {
+        loop {
+            let byte = (v & 0x7f) as u8;
+            v >>= 7;
+            let done = (v == 0 && byte & 0x40 == 0) || (v == -1 && byte & 0x40 != 0);
+            out.push(if done { byte } else { byte | 0x80 });
+            if done {
+                return;
+            }
+        }
+    }
+    let funcs = [
+        ("rewind_abi_version", abi),
+        ("rewind_facts_ptr", facts_ptr),
+        ("rewind_decide", 6),
+    ];
+    let mut out = b"\0asm\x01\0\0\0".to_vec();
+    section(&mut out, 1, &[1, 0x60, 0, 1, 0x7f]);
+    section(&mut out, 3, &[3, 0, 0, 0]);
+    section(&mut out, 5, &[1, 0, 1]);
+    let mut body = Vec::new();
+    let listed: Vec<(&str, u8, u8)> = std::iter::once(("memory", 2u8, 0u8))
+        .chain(
+            funcs
+                .iter()
+                .enumerate()
+                .map(|(i, (name, _))| (*name, 0u8, i as u8)),
+        )
+        .filter(|(name, _, _)| exports.contains(name))
+        .collect();
+    uleb(&mut body, listed.len() as u64);
+    for (name, kind, index) in listed {
+        uleb(&mut body, name.len() as u64);
+        body.extend_from_slice(name.as_bytes());
+        body.extend_from_slice(&[kind, index]);
+    }
+    section(&mut out, 7, &body);
+    let mut code = vec![3];
+    for (_, value) in funcs {
+        let mut f = vec![0, 0x41];
+        sleb(&mut f, value.into());
+        f.push(0x0b);
+        uleb(&mut code, f.len() as u64);
+        code.extend_from_slice(&f);
+    }
+    section(&mut out, 10, &code);
+    out
+}
+
+const ALL_EXPORTS: &[&str] = &[
+    "memory",
+    "rewind_abi_version",
+    "rewind_facts_ptr",
+    "rewind_decide",
+];
+
+#[test]
+fn the_hand_assembled_module_is_a_valid_policy() {
+    let host = host();
+    let module = host
+        .load("tiny", &tiny_module(ABI_VERSION as i32, 1024, ALL_EXPORTS))
+        .unwrap();
+    assert!(host.validate(&module).passed());
+}
+
+#[test]
+fn wrong_abi_version_is_refused() {
+    let err = host()
+        .load("wrong-abi", plugins::fixtures::WRONG_ABI)
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            LoadError::AbiVersion {
+                found: 999,
+                expected: ABI_VERSION
+            }
+        ),
+        "{err}"
+    );
+    assert!(err.to_string().contains("999"), "{err}");
+}
+
+#[test]
+fn a_module_with_imports_is_refused() {
+    let err = host()
+        .load("imports", plugins::fixtures::IMPORTS)
+        .unwrap_err();
+    match &err {
+        LoadError::Import { module, name } => {
+            assert_eq!((&**module, &**name), ("env", "rewind_host_log"))
+        }
+        other => panic!("expected an import error, got {other}"),
+    }
+    assert!(err.to_string().contains("env::rewind_host_log"), "{err}");
+}
+
+#[test]
+fn missing_exports_are_refused() {
+    let host = host();
+    for missing in ALL_EXPORTS {
+        let exports: Vec<&str> = ALL_EXPORTS
+            .iter()
+            .copied()
+            .filter(|e| e != missing)
+            .collect();
+        let err = host
+            .load("partial", &tiny_module(1, 1024, &exports))
+            .unwrap_err();
+        assert!(
+            matches!(err, LoadError::MissingExport { name, .. } if name == *missing),
+            "without {missing}: {err}"
+        );
+    }
+    let err = host.load("empty-module", b"\0asm\x01\0\0\0").unwrap_err();
+    assert!(
+        matches!(err, LoadError::MissingExport { name: "memory", .. }),
+        "{err}"
+    );
+}
+
+#[test]
+fn bytes_that_are_not_wasm_are_refused() {
+    let err = host().load("text", b"(module)").unwrap_err();
+    assert!(matches!(err, LoadError::Compile(_)), "{err}");
+    let err = host()
+        .load("truncated", &plugins::DEFAULT[..plugins::DEFAULT.len() / 2])
+        .unwrap_err();
+    assert!(matches!(err, LoadError::Compile(_)), "{err}");
+}
+
+#[test]
+fn a_facts_pointer_out_of_bounds_or_misaligned_is_refused() {
+    let host = host();
+    let err = host
+        .load("oob", &tiny_module(1, 65536 - 8, ALL_EXPORTS))
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            LoadError::FactsPointer {
+                problem: "out of bounds",
+                ..
+            }
+        ),
+        "{err}"
+    );
+    let err = host
+        .load("negative", &tiny_module(1, -8, ALL_EXPORTS))
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            LoadError::FactsPointer {
+                problem: "out of bounds",
+                ..
+            }
+        ),
+        "{err}"
+    );
+    let err = host
+        .load("misaligned", &tiny_module(1, 1028, ALL_EXPORTS))
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            LoadError::FactsPointer {
+                problem: "misaligned",
+                ..
+            }
+        ),
+        "{err}"
+    );
+}
+
+#[test]
+fn initial_memory_over_the_cap_is_refused() {
+    let config = PolicyHostConfig::default().memory_limit_bytes(64 * 1024);
+    match PolicyHost::new(config) {
+        Err(HostError::Load(LoadError::MemoryTooLarge {
+            initial_bytes,
+            limit_bytes,
+        })) => {
+            assert_eq!(limit_bytes, 64 * 1024);
+            assert!(initial_bytes > 64 * 1024);
+        }
+        other => panic!("expected MemoryTooLarge, got {other:?}"),
+    }
+}
+
+#[test]
+fn load_file_maps_the_file_and_names_the_policy_after_it() {
+    let dir = std::env::temp_dir().join(format!("rewind-policy-load-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("strict.wasm");
+    std::fs::write(&path, plugins::STRICT).unwrap();
+    let host = host();
+    let module = host.load_file(&path).unwrap();
+    assert_eq!(module.name(), "strict");
+    assert!(host.validate(&module).passed());
+    let err = host.load_file(dir.join("absent.wasm")).unwrap_err();
+    assert!(matches!(err, LoadError::Io { .. }), "{err}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_module_from_another_host_cannot_be_swapped_in() {
+    let (a, b) = (host(), host());
+    let module = a.load("strict", plugins::STRICT).unwrap();
+    assert!(b.swap(&module).is_err());
+    assert_eq!(b.live_generation(), 1);
+}
+
+#[test]
+fn a_compilation_cache_directory_can_be_configured() {
+    let dir = std::env::temp_dir().join(format!("rewind-policy-cache-{}", std::process::id()));
+    let config = PolicyHostConfig::default().compilation_cache_dir(Some(dir.clone()));
+    let first = PolicyHost::new(config.clone()).unwrap();
+    drop(first);
+    let second = PolicyHost::new(config).unwrap();
+    assert_eq!(second.live_name(), "default");
+    let _ = std::fs::remove_dir_all(&dir);
+}
