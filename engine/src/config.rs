@@ -74,7 +74,10 @@ impl fmt::Display for ConfigError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             ConfigError::Ring { reason } => write!(f, "ring_slots/session_bytes: {reason}"),
-            ConfigError::GlobalBudgetTooSmall { global_bytes, per_session } => write!(
+            ConfigError::GlobalBudgetTooSmall {
+                global_bytes,
+                per_session,
+            } => write!(
                 f,
                 "global_bytes = {global_bytes} cannot hold one session ring of {per_session} bytes"
             ),
@@ -88,12 +91,17 @@ impl std::error::Error for ConfigError {}
 impl Config {
     /// The ring sizes of one session.
     pub fn ring(&self) -> RingConfig {
-        RingConfig { slots: self.ring_slots, arena_bytes: self.session_bytes }
+        RingConfig {
+            slots: self.ring_slots,
+            arena_bytes: self.session_bytes,
+        }
     }
 
     /// Checks every setting; the engine refuses to start on an error.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        self.ring().validate().map_err(|e| ConfigError::Ring { reason: e.to_string() })?;
+        self.ring().validate().map_err(|e| ConfigError::Ring {
+            reason: e.to_string(),
+        })?;
         let per_session = crate::ring::SessionRing::memory_bytes_for(self.ring()) as u64;
         if self.global_bytes < per_session {
             return Err(ConfigError::GlobalBudgetTooSmall {

@@ -67,7 +67,10 @@ impl fmt::Display for OpenError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             OpenError::OverBudget { held, budget } => {
-                write!(f, "global byte budget full ({held} of {budget} bytes) and nothing to evict")
+                write!(
+                    f,
+                    "global byte budget full ({held} of {budget} bytes) and nothing to evict"
+                )
             }
             OpenError::IdTaken => f.write_str("a session with this id is already live"),
         }
@@ -97,7 +100,10 @@ impl fmt::Display for AppendError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             AppendError::TooLarge { len, max } => {
-                write!(f, "event of {len} bytes exceeds the per-event limit of {max} bytes")
+                write!(
+                    f,
+                    "event of {len} bytes exceeds the per-event limit of {max} bytes"
+                )
             }
             AppendError::SessionEnded => f.write_str("the session has ended"),
             AppendError::BadStream => f.write_str("stream id u32::MAX is reserved"),
@@ -169,7 +175,11 @@ impl Engine {
     /// Starts a new incarnation of the session `id`: the old one (if live)
     /// ends and its events are gone; the new one has a new epoch, so cursors
     /// of the old one are recognised as an older epoch.
-    pub fn reopen(&self, id: SessionId, principal: Option<&str>) -> Result<SessionHandle, OpenError> {
+    pub fn reopen(
+        &self,
+        id: SessionId,
+        principal: Option<&str>,
+    ) -> Result<SessionHandle, OpenError> {
         if let Some(old) = self.shared.registry.get(id) {
             self.shared.end(&old, EndReason::Closed);
         }
@@ -180,7 +190,10 @@ impl Engine {
     pub fn session(&self, id: SessionId) -> Option<SessionHandle> {
         let session = self.shared.live(id)?;
         session.touch(self.shared.now_ms());
-        Some(SessionHandle { session, shared: self.shared.clone() })
+        Some(SessionHandle {
+            session,
+            shared: self.shared.clone(),
+        })
     }
 
     /// Ends the session `id`: its buffer is released (once the last reader
@@ -203,7 +216,10 @@ impl Engine {
                 expired.push(s.clone());
             }
         });
-        expired.iter().filter(|s| self.shared.end(s, EndReason::Expired)).count()
+        expired
+            .iter()
+            .filter(|s| self.shared.end(s, EndReason::Expired))
+            .count()
     }
 
     /// The counters, summed now.
@@ -218,7 +234,9 @@ impl Shared {
     /// for every append.
     #[inline]
     pub(crate) fn now_ms(&self) -> u64 {
-        coarsetime::Instant::now().duration_since(self.clock_origin).as_millis()
+        coarsetime::Instant::now()
+            .duration_since(self.clock_origin)
+            .as_millis()
     }
 
     fn ttl_ms(&self) -> u64 {
@@ -243,21 +261,37 @@ impl Shared {
         Some(s)
     }
 
-    fn open(self: &Arc<Self>, id: SessionId, principal: Option<&str>) -> Result<SessionHandle, OpenError> {
+    fn open(
+        self: &Arc<Self>,
+        id: SessionId,
+        principal: Option<&str>,
+    ) -> Result<SessionHandle, OpenError> {
         self.reserve_bytes()?;
         // Relaxed: uniqueness comes from the RMW itself; nothing else is
         // published through this counter.
         let epoch = self.next_epoch.fetch_add(1, Ordering::Relaxed);
         let now = self.now_ms();
         let ring = SessionRing::new(self.config.ring());
-        let session = Arc::new(Session::new(id, self.tag_key.tag(id), epoch, principal, now, ring));
+        let session = Arc::new(Session::new(
+            id,
+            self.tag_key.tag(id),
+            epoch,
+            principal,
+            now,
+            ring,
+        ));
         if !self.registry.insert(session.clone()) {
-            self.metrics.bytes_held.fetch_sub(self.ring_bytes, Ordering::Relaxed);
+            self.metrics
+                .bytes_held
+                .fetch_sub(self.ring_bytes, Ordering::Relaxed);
             return Err(OpenError::IdTaken);
         }
         self.metrics.sessions_live.fetch_add(1, Ordering::Relaxed);
         self.metrics.add(Counter::SessionsOpened, 1);
-        Ok(SessionHandle { session, shared: self.clone() })
+        Ok(SessionHandle {
+            session,
+            shared: self.clone(),
+        })
     }
 
     /// Accounts one more ring against the global budget, evicting the least
@@ -301,7 +335,8 @@ impl Shared {
         let budget = self.config.global_bytes;
         let target_free = (need + budget / 16).min(budget);
         let mut candidates = Vec::new();
-        self.registry.for_each(|s| candidates.push((s.last_active_ms.load(Ordering::Relaxed), s.clone())));
+        self.registry
+            .for_each(|s| candidates.push((s.last_active_ms.load(Ordering::Relaxed), s.clone())));
         candidates.sort_unstable_by_key(|(t, _)| *t);
         let mut ended = 0;
         for (_, s) in candidates {
@@ -323,7 +358,9 @@ impl Shared {
             return false;
         }
         self.registry.remove(s);
-        self.metrics.bytes_held.fetch_sub(self.ring_bytes, Ordering::Relaxed);
+        self.metrics
+            .bytes_held
+            .fetch_sub(self.ring_bytes, Ordering::Relaxed);
         self.metrics.sessions_live.fetch_sub(1, Ordering::Relaxed);
         self.metrics.add(
             match why {
@@ -396,12 +433,16 @@ impl SessionHandle {
         let now = self.shared.now_ms();
         let seq = match s.ring.append(stream, now, payload) {
             Ok(seq) => seq,
-            Err(RingAppendError::TooLarge { len, max }) => return refused(AppendError::TooLarge { len, max }),
+            Err(RingAppendError::TooLarge { len, max }) => {
+                return refused(AppendError::TooLarge { len, max })
+            }
         };
         s.touch(now);
         s.appended.notify(usize::MAX);
         self.shared.metrics.add(Counter::Appends, 1);
-        self.shared.metrics.add(Counter::AppendedBytes, payload.len() as u64);
+        self.shared
+            .metrics
+            .add(Counter::AppendedBytes, payload.len() as u64);
         Ok(s.event_id(stream, seq))
     }
 
@@ -423,7 +464,8 @@ impl SessionHandle {
     /// The id of the newest event on the session (on any stream) as if it
     /// were on `stream`: a cursor meaning "everything after now".
     pub fn cursor_now(&self, stream: u32) -> EventId {
-        self.session.event_id(stream, self.session.ring.high_water())
+        self.session
+            .event_id(stream, self.session.ring.high_water())
     }
 
     /// Ends the session (as [`Engine::close`]).

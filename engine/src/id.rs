@@ -72,7 +72,10 @@ impl fmt::Display for SessionIdError {
         match self {
             SessionIdError::Empty => f.write_str("session id is empty"),
             SessionIdError::WrongLength { len } => {
-                write!(f, "session id is {len} bytes long; expected {SESSION_ID_LEN}")
+                write!(
+                    f,
+                    "session id is {len} bytes long; expected {SESSION_ID_LEN}"
+                )
             }
             SessionIdError::InvalidByte { at } => {
                 write!(f, "session id byte {at} is not a lowercase hex digit")
@@ -94,7 +97,9 @@ impl SessionId {
     pub fn generate() -> SessionId {
         let mut bytes = [0u8; 16];
         getrandom::fill(&mut bytes).expect("the OS random source is unavailable");
-        SessionId { bits: u128::from_le_bytes(bytes) }
+        SessionId {
+            bits: u128::from_le_bytes(bytes),
+        }
     }
 
     /// Parses a presented id (e.g. an `Mcp-Session-Id` header value).
@@ -263,17 +268,28 @@ impl fmt::Display for EventIdError {
         match self {
             EventIdError::Empty => f.write_str("event id is empty"),
             EventIdError::TooLong { len } => {
-                write!(f, "event id is {len} bytes long; the limit is {EVENT_ID_INPUT_LIMIT}")
+                write!(
+                    f,
+                    "event id is {len} bytes long; the limit is {EVENT_ID_INPUT_LIMIT}"
+                )
             }
             EventIdError::NotVisibleAscii { at } => {
                 write!(f, "event id byte {at} is not visible ASCII")
             }
             EventIdError::UnexpectedByte { at } => {
-                write!(f, "event id byte {at} is neither a lowercase hex digit nor '-'")
+                write!(
+                    f,
+                    "event id byte {at} is neither a lowercase hex digit nor '-'"
+                )
             }
-            EventIdError::FieldCount => f.write_str("event id does not have four '-'-separated fields"),
+            EventIdError::FieldCount => {
+                f.write_str("event id does not have four '-'-separated fields")
+            }
             EventIdError::BadField { field } => {
-                write!(f, "event id {field} field is empty, too long or not in canonical form")
+                write!(
+                    f,
+                    "event id {field} field is empty, too long or not in canonical form"
+                )
             }
         }
     }
@@ -375,7 +391,10 @@ pub struct IdBuf {
 
 impl IdBuf {
     const fn new() -> IdBuf {
-        IdBuf { bytes: [0; 64], len: 0 }
+        IdBuf {
+            bytes: [0; 64],
+            len: 0,
+        }
     }
 
     fn push_byte(&mut self, b: u8) {
@@ -390,7 +409,11 @@ impl IdBuf {
     }
 
     fn push_hex(&mut self, value: u64) {
-        let digits = if value == 0 { 1 } else { (64 - value.leading_zeros() as usize).div_ceil(4) };
+        let digits = if value == 0 {
+            1
+        } else {
+            (64 - value.leading_zeros() as usize).div_ceil(4)
+        };
         self.push_hex_fixed(u128::from(value), digits);
     }
 }
@@ -433,7 +456,12 @@ mod tests {
     use proptest::prelude::*;
 
     fn id(tag: u64, epoch: u64, stream: u32, seq: u64) -> EventId {
-        EventId { tag, epoch, stream, seq }
+        EventId {
+            tag,
+            epoch,
+            stream,
+            seq,
+        }
     }
 
     #[test]
@@ -458,14 +486,54 @@ mod tests {
             ("0000000000000000_1-2-3", UnexpectedByte { at: 16 }),
             ("0000000000000000-1-2", FieldCount),
             ("0000000000000000-1-2-3-4", FieldCount),
-            ("000000000000000-1-2-3", BadField { field: IdField::Tag }),
-            ("00000000000000000-1-2-3", BadField { field: IdField::Tag }),
-            ("0000000000000000--2-3", BadField { field: IdField::Epoch }),
-            ("0000000000000000-01-2-3", BadField { field: IdField::Epoch }),
-            ("0000000000000000-1-123456789-3", BadField { field: IdField::Stream }),
-            ("0000000000000000-1-2-", BadField { field: IdField::Seq }),
-            ("0000000000000000-1-2-00", BadField { field: IdField::Seq }),
-            ("0000000000000000-1-2-10000000000000000", BadField { field: IdField::Seq }),
+            (
+                "000000000000000-1-2-3",
+                BadField {
+                    field: IdField::Tag,
+                },
+            ),
+            (
+                "00000000000000000-1-2-3",
+                BadField {
+                    field: IdField::Tag,
+                },
+            ),
+            (
+                "0000000000000000--2-3",
+                BadField {
+                    field: IdField::Epoch,
+                },
+            ),
+            (
+                "0000000000000000-01-2-3",
+                BadField {
+                    field: IdField::Epoch,
+                },
+            ),
+            (
+                "0000000000000000-1-123456789-3",
+                BadField {
+                    field: IdField::Stream,
+                },
+            ),
+            (
+                "0000000000000000-1-2-",
+                BadField {
+                    field: IdField::Seq,
+                },
+            ),
+            (
+                "0000000000000000-1-2-00",
+                BadField {
+                    field: IdField::Seq,
+                },
+            ),
+            (
+                "0000000000000000-1-2-10000000000000000",
+                BadField {
+                    field: IdField::Seq,
+                },
+            ),
             ("evt-4471", UnexpectedByte { at: 1 }),
             ("0000000000000000-1-2-3\0", NotVisibleAscii { at: 22 }),
             ("4471", FieldCount),
@@ -483,17 +551,28 @@ mod tests {
         assert_ne!(a, b);
         let s = a.to_string();
         assert_eq!(s.len(), SESSION_ID_LEN);
-        assert!(s.bytes().all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()));
+        assert!(s
+            .bytes()
+            .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()));
         assert_eq!(SessionId::parse(&s), Ok(a));
-        assert!(!format!("{a:?}").contains(&s), "Debug must not print the credential");
+        assert!(
+            !format!("{a:?}").contains(&s),
+            "Debug must not print the credential"
+        );
     }
 
     #[test]
     fn session_id_errors() {
         assert_eq!(SessionId::parse(""), Err(SessionIdError::Empty));
-        assert_eq!(SessionId::parse("abc"), Err(SessionIdError::WrongLength { len: 3 }));
+        assert_eq!(
+            SessionId::parse("abc"),
+            Err(SessionIdError::WrongLength { len: 3 })
+        );
         let upper = "A".repeat(32);
-        assert_eq!(SessionId::parse(&upper), Err(SessionIdError::InvalidByte { at: 0 }));
+        assert_eq!(
+            SessionId::parse(&upper),
+            Err(SessionIdError::InvalidByte { at: 0 })
+        );
         let mut s = "0".repeat(31);
         s.push('é');
         assert!(SessionId::parse(&s).is_err());

@@ -38,8 +38,8 @@
 //! the native reference, and the WebAssembly host).
 #![cfg_attr(not(test), warn(missing_docs))]
 
-pub(crate) mod sync;
 pub mod ring;
+pub(crate) mod sync;
 
 #[cfg(not(loom))]
 mod config;
@@ -64,7 +64,10 @@ pub use crate::{
     engine::{AppendError, Engine, OpenError, SessionHandle},
     id::{EventId, EventIdError, SessionId, SessionIdError, TagKey},
     metrics::MetricsSnapshot,
-    policy::{CursorFact, NativePolicy, Policy, PolicyAnswer, PolicyFault, ResumeFacts, SessionFact, Verdict},
+    policy::{
+        CursorFact, NativePolicy, Policy, PolicyAnswer, PolicyFault, ResumeFacts, SessionFact,
+        Verdict,
+    },
     replay::{Replay, ReplayError},
     resume::{Rejection, ResumeAction, ResumeDecision, ResumeRequest, Signal, SignalKind},
 };

@@ -135,7 +135,10 @@ impl Metrics {
     }
 
     fn sum(&self, c: Counter) -> u64 {
-        self.stripes.iter().map(|s| s[c as usize].load(Ordering::Relaxed)).sum()
+        self.stripes
+            .iter()
+            .map(|s| s[c as usize].load(Ordering::Relaxed))
+            .sum()
     }
 
     pub(crate) fn snapshot(&self) -> MetricsSnapshot {
@@ -154,7 +157,9 @@ impl Metrics {
             bytes_held: self.bytes_held.load(Ordering::Relaxed),
             resumes: self.sum(Counter::Resumes),
             verdicts: std::array::from_fn(|i| {
-                self.sum(Counter::verdict(Verdict::from_code(i as u32).expect("dense codes")))
+                self.sum(Counter::verdict(
+                    Verdict::from_code(i as u32).expect("dense codes"),
+                ))
             }),
             policy_faults: std::array::from_fn(|i| self.sum(Counter::fault(PolicyFault::ALL[i]))),
         }
@@ -206,7 +211,10 @@ impl MetricsSnapshot {
 
     /// Policy answers replaced because of `f`.
     pub fn fault_count(&self, f: PolicyFault) -> u64 {
-        PolicyFault::ALL.iter().position(|x| *x == f).map_or(0, |i| self.policy_faults[i])
+        PolicyFault::ALL
+            .iter()
+            .position(|x| *x == f)
+            .map_or(0, |i| self.policy_faults[i])
     }
 }
 

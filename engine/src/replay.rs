@@ -78,8 +78,19 @@ impl fmt::Debug for Replay {
 }
 
 impl Replay {
-    pub(crate) fn new(session: Arc<Session>, shared: Arc<Shared>, stream: u32, after: u64) -> Replay {
-        Replay { session, shared, stream, next_seq: after + 1, position: after }
+    pub(crate) fn new(
+        session: Arc<Session>,
+        shared: Arc<Shared>,
+        stream: u32,
+        after: u64,
+    ) -> Replay {
+        Replay {
+            session,
+            shared,
+            stream,
+            next_seq: after + 1,
+            position: after,
+        }
     }
 
     /// The stream this reader delivers.
@@ -104,7 +115,9 @@ impl Replay {
                     self.next_seq = seq + 1;
                     self.position = seq;
                     self.shared.metrics.add(Counter::EventsReplayed, 1);
-                    self.shared.metrics.add(Counter::ReplayedBytes, meta.len as u64);
+                    self.shared
+                        .metrics
+                        .add(Counter::ReplayedBytes, meta.len as u64);
                     return Ok(Some(self.session.event_id(self.stream, seq)));
                 }
                 SlotRead::OtherStream(_) => self.next_seq = seq + 1,
@@ -118,7 +131,10 @@ impl Replay {
                 }
                 SlotRead::Overwritten => {
                     self.shared.metrics.add(Counter::Lagged, 1);
-                    return Err(ReplayError::Lagged { after: self.position(), missing_seq: seq });
+                    return Err(ReplayError::Lagged {
+                        after: self.position(),
+                        missing_seq: seq,
+                    });
                 }
             }
         }
@@ -143,7 +159,11 @@ impl Replay {
     /// Blocks the thread until the next event, the end of the session, or
     /// `timeout` (then `Ok(None)`). For async code, await [`Replay::listen`]
     /// instead.
-    pub fn wait_next(&mut self, buf: &mut Vec<u8>, timeout: Duration) -> Result<Option<EventId>, ReplayError> {
+    pub fn wait_next(
+        &mut self,
+        buf: &mut Vec<u8>,
+        timeout: Duration,
+    ) -> Result<Option<EventId>, ReplayError> {
         let deadline = Instant::now() + timeout;
         loop {
             if let Some(id) = self.next_into(buf)? {

@@ -160,7 +160,13 @@ impl Engine {
         let (verdict, fault) = clamp(&c.facts, answer);
         self.shared.metrics.verdict(verdict, fault);
         let action = self.shared.act(&c, verdict);
-        ResumeDecision { facts: c.facts, verdict, generation: answer.generation, fault, action }
+        ResumeDecision {
+            facts: c.facts,
+            verdict,
+            generation: answer.generation,
+            fault,
+            action,
+        }
     }
 
     /// The facts the engine would hand the policy for `req`, without
@@ -184,16 +190,17 @@ impl Shared {
                     SessionFact::Live
                 }
                 Some(_) => SessionFact::WrongPrincipal,
-                None if parsed.is_some_and(|c| c.epoch < self.boot_epoch) => SessionFact::PreviousBoot,
+                None if parsed.is_some_and(|c| c.epoch < self.boot_epoch) => {
+                    SessionFact::PreviousBoot
+                }
                 None => SessionFact::Unknown,
             },
         };
         let now = self.now_ms();
         let mut facts = ResumeFacts::new(session_fact, CursorFact::Absent);
-        facts.max_resume_age_ms = self
-            .config
-            .max_resume_age
-            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1));
+        facts.max_resume_age_ms = self.config.max_resume_age.map_or(0, |d| {
+            u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
+        });
         let cursor_fact = match (cursor, &session) {
             (None, _) => CursorFact::Absent,
             (Some(Err(_)), _) => CursorFact::Malformed,
@@ -204,7 +211,11 @@ impl Shared {
             s.touch(now);
         }
         facts.cursor = cursor_fact.code();
-        Classified { facts: facts.with_safe_set(), session, cursor: parsed }
+        Classified {
+            facts: facts.with_safe_set(),
+            session,
+            cursor: parsed,
+        }
     }
 
     fn act(self: &Arc<Self>, c: &Classified, verdict: Verdict) -> ResumeAction {
@@ -212,13 +223,22 @@ impl Shared {
             c.session
                 .as_ref()
                 .filter(|_| c.facts.session_fact() == Some(SessionFact::Live))
-                .map(|s| SessionHandle { session: s.clone(), shared: self.clone() })
+                .map(|s| SessionHandle {
+                    session: s.clone(),
+                    shared: self.clone(),
+                })
         };
         let signal = |kind: SignalKind| {
             let s = c.session.as_ref()?;
-            let oldest = (c.facts.oldest_retained != UNKNOWN && c.facts.oldest_retained <= c.facts.high_water)
+            let oldest = (c.facts.oldest_retained != UNKNOWN
+                && c.facts.oldest_retained <= c.facts.high_water)
                 .then(|| s.event_id(c.cursor.map_or(0, |e| e.stream), c.facts.oldest_retained));
-            Some(Signal { kind, reason: reason(&c.facts), cursor: c.cursor, oldest })
+            Some(Signal {
+                kind,
+                reason: reason(&c.facts),
+                cursor: c.cursor,
+                oldest,
+            })
         };
         match verdict {
             Verdict::Resume => match (&c.session, c.cursor) {
@@ -229,10 +249,22 @@ impl Shared {
                 }
                 _ => unreachable!("Resume outside the safe set"),
             },
-            Verdict::Fresh => ResumeAction::Fresh { session: handle(), signal: None },
-            Verdict::FreshReset => ResumeAction::Fresh { session: handle(), signal: signal(SignalKind::Reset) },
-            Verdict::FreshGap => ResumeAction::Fresh { session: handle(), signal: signal(SignalKind::Gap) },
-            v => ResumeAction::Reject(Rejection { verdict: v, reason: reason(&c.facts) }),
+            Verdict::Fresh => ResumeAction::Fresh {
+                session: handle(),
+                signal: None,
+            },
+            Verdict::FreshReset => ResumeAction::Fresh {
+                session: handle(),
+                signal: signal(SignalKind::Reset),
+            },
+            Verdict::FreshGap => ResumeAction::Fresh {
+                session: handle(),
+                signal: signal(SignalKind::Gap),
+            },
+            v => ResumeAction::Reject(Rejection {
+                verdict: v,
+                reason: reason(&c.facts),
+            }),
         }
     }
 }
@@ -262,7 +294,9 @@ fn classify_cursor(s: &Session, c: EventId, now: u64, facts: &mut ResumeFacts) -
         now.saturating_sub(s.opened_ms)
     } else {
         match ring.read(c.seq, Some(NO_STREAM), &mut no_payload) {
-            SlotRead::OtherStream(meta) | SlotRead::Event(meta) => now.saturating_sub(meta.appended_ms),
+            SlotRead::OtherStream(meta) | SlotRead::Event(meta) => {
+                now.saturating_sub(meta.appended_ms)
+            }
             SlotRead::Pending | SlotRead::Overwritten => UNKNOWN,
         }
     };
@@ -288,7 +322,9 @@ fn reason(facts: &ResumeFacts) -> &'static str {
         (_, Some(CursorFact::Absent)) => "no cursor",
         (_, Some(CursorFact::Malformed)) => "malformed Last-Event-ID",
         (_, Some(CursorFact::Foreign)) => "Last-Event-ID was not issued by this session",
-        (_, Some(CursorFact::OlderEpoch)) => "Last-Event-ID is from an earlier incarnation of this session",
+        (_, Some(CursorFact::OlderEpoch)) => {
+            "Last-Event-ID is from an earlier incarnation of this session"
+        }
         (_, Some(CursorFact::Future)) => "Last-Event-ID is beyond anything this session issued",
         (_, Some(CursorFact::BeforeWindow)) => "events after Last-Event-ID are no longer retained",
         (_, Some(CursorFact::InWindow)) => "resumable",

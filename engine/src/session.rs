@@ -94,7 +94,12 @@ impl Session {
     /// The id the event `seq` on `stream` has (or will have).
     #[inline]
     pub(crate) fn event_id(&self, stream: u32, seq: u64) -> EventId {
-        EventId { tag: self.tag, epoch: self.epoch, stream, seq }
+        EventId {
+            tag: self.tag,
+            epoch: self.epoch,
+            stream,
+            seq,
+        }
     }
 
     #[inline]
@@ -124,7 +129,9 @@ impl Session {
 
     pub(crate) fn new_stream(&self) -> Option<u32> {
         self.next_stream
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |s| (s < NO_STREAM - 1).then_some(s + 1))
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |s| {
+                (s < NO_STREAM - 1).then_some(s + 1)
+            })
             .ok()
     }
 
@@ -157,13 +164,17 @@ pub(crate) struct Registry {
 
 impl std::fmt::Debug for Registry {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Registry").field("shards", &self.shards.len()).finish()
+        f.debug_struct("Registry")
+            .field("shards", &self.shards.len())
+            .finish()
     }
 }
 
 impl Registry {
     pub(crate) fn new() -> Registry {
-        Registry { shards: (0..SHARDS).map(|_| papaya::HashMap::new()).collect() }
+        Registry {
+            shards: (0..SHARDS).map(|_| papaya::HashMap::new()).collect(),
+        }
     }
 
     #[inline]

@@ -45,9 +45,16 @@ fn oversized_event_is_refused_and_consumes_nothing() {
     let s = e.open(None).unwrap();
     let a = s.append(0, b"a").unwrap();
     let err = s.append(0, &vec![0u8; 4096]).unwrap_err();
-    assert!(matches!(err, AppendError::TooLarge { len: 4096, .. }), "{err}");
+    assert!(
+        matches!(err, AppendError::TooLarge { len: 4096, .. }),
+        "{err}"
+    );
     let b = s.append(0, b"b").unwrap();
-    assert_eq!(b.seq, a.seq + 1, "a refused append must not consume a sequence number");
+    assert_eq!(
+        b.seq,
+        a.seq + 1,
+        "a refused append must not consume a sequence number"
+    );
     assert_eq!(s.append(u32::MAX, b"x"), Err(AppendError::BadStream));
     assert_eq!(e.metrics().appends_refused, 2);
 }
@@ -68,11 +75,17 @@ fn global_budget_evicts_least_recently_active_sessions() {
     }
     assert_eq!(e.metrics().bytes_held, per_session * 4);
     let newest = e.open(None).unwrap();
-    assert!(old.is_ended(), "the least recently active session is evicted first");
+    assert!(
+        old.is_ended(),
+        "the least recently active session is evicted first"
+    );
     assert!(!newest.is_ended());
     let m = e.metrics();
     assert!(m.sessions_evicted >= 1);
-    assert!(m.bytes_held <= per_session * 4, "memory stays inside the budget");
+    assert!(
+        m.bytes_held <= per_session * 4,
+        "memory stays inside the budget"
+    );
     assert_eq!(m.sessions_live * per_session, m.bytes_held);
     assert!(e.session(old.id()).is_none());
 }
@@ -120,8 +133,14 @@ fn close_frees_budget_and_stops_readers() {
     let mut buf = Vec::new();
     // Events appended before the end are still delivered, then the end.
     assert!(from_start.next_into(&mut buf).unwrap().is_some());
-    assert_eq!(from_start.next_into(&mut buf), Err(ReplayError::SessionEnded));
-    assert_eq!(caught_up.wait_next(&mut buf, Duration::from_secs(5)), Err(ReplayError::SessionEnded));
+    assert_eq!(
+        from_start.next_into(&mut buf),
+        Err(ReplayError::SessionEnded)
+    );
+    assert_eq!(
+        caught_up.wait_next(&mut buf, Duration::from_secs(5)),
+        Err(ReplayError::SessionEnded)
+    );
 }
 
 #[test]
@@ -157,7 +176,10 @@ fn blocking_reader_wakes_on_append_from_another_thread() {
     let got = r.wait_next(&mut buf, Duration::from_secs(10)).unwrap();
     assert_eq!(got, Some(writer.join().unwrap()));
     assert_eq!(buf, b"hello");
-    assert_eq!(r.wait_next(&mut buf, Duration::from_millis(10)).unwrap(), None);
+    assert_eq!(
+        r.wait_next(&mut buf, Duration::from_millis(10)).unwrap(),
+        None
+    );
 }
 
 #[test]
@@ -190,11 +212,27 @@ fn garbage_headers_never_panic() {
     let s = e.open(None).unwrap();
     let sid = s.id().to_string();
     let long = "a".repeat(10_000);
-    let inputs: Vec<&str> = vec!["", " ", "\0", "\u{202e}", &long, "----", "ffffffffffffffff-ffffffffffffffff-ffffffff-ffffffffffffffff"];
+    let inputs: Vec<&str> = vec![
+        "",
+        " ",
+        "\0",
+        "\u{202e}",
+        &long,
+        "----",
+        "ffffffffffffffff-ffffffffffffffff-ffffffff-ffffffffffffffff",
+    ];
     for a in &inputs {
         for b in &inputs {
-            let _ = e.resume(ResumeRequest { session_id: Some(a), last_event_id: Some(b), principal: Some(a) });
-            let _ = e.resume(ResumeRequest { session_id: Some(&sid), last_event_id: Some(b), principal: None });
+            let _ = e.resume(ResumeRequest {
+                session_id: Some(a),
+                last_event_id: Some(b),
+                principal: Some(a),
+            });
+            let _ = e.resume(ResumeRequest {
+                session_id: Some(&sid),
+                last_event_id: Some(b),
+                principal: None,
+            });
         }
     }
     assert!(SessionId::parse(&long).is_err());

@@ -85,13 +85,13 @@ fn swapping_100_times_a_second_under_load_loses_no_decision() {
     let mut swaps = 0u64;
     let mut worst_swap = Duration::ZERO;
     while began.elapsed() < RUN {
-        let next = if swaps % 2 == 0 { &strict } else { &default };
+        let next = if swaps.is_multiple_of(2) { &strict } else { &default };
         let t = Instant::now();
         let generation = host.swap(next).unwrap();
         worst_swap = worst_swap.max(t.elapsed());
         swaps += 1;
         assert_eq!(generation, swaps + 1, "generation numbers are consecutive");
-        assert_eq!(generation % 2 == 0, next.name() == "strict");
+        assert_eq!(generation.is_multiple_of(2), next.name() == "strict");
         let due = began + SWAP_EVERY * swaps as u32;
         thread::sleep(due.saturating_duration_since(Instant::now()));
     }

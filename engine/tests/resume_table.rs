@@ -20,7 +20,11 @@ fn engine() -> Engine {
 }
 
 fn resume(engine: &Engine, session: Option<&str>, cursor: Option<&str>) -> ResumeDecision {
-    engine.resume(ResumeRequest { session_id: session, last_event_id: cursor, principal: None })
+    engine.resume(ResumeRequest {
+        session_id: session,
+        last_event_id: cursor,
+        principal: None,
+    })
 }
 
 fn drain(decision: ResumeDecision) -> Vec<Vec<u8>> {
@@ -36,7 +40,12 @@ fn drain(decision: ResumeDecision) -> Vec<Vec<u8>> {
 }
 
 fn append_n(s: &SessionHandle, stream: u32, n: usize, prefix: &str) -> Vec<EventId> {
-    (0..n).map(|i| s.append(stream, format!("{prefix}{i}").as_bytes()).expect("append")).collect()
+    (0..n)
+        .map(|i| {
+            s.append(stream, format!("{prefix}{i}").as_bytes())
+                .expect("append")
+        })
+        .collect()
 }
 
 fn assert_row(d: &ResumeDecision, session: SessionFact, cursor: CursorFact, verdict: Verdict) {
@@ -53,7 +62,10 @@ fn live_without_cursor_is_a_fresh_stream() {
     let d = resume(&e, Some(&s.id().to_string()), None);
     assert_row(&d, SessionFact::Live, CursorFact::Absent, Verdict::Fresh);
     match d.action {
-        ResumeAction::Fresh { session: Some(h), signal: None } => assert_eq!(h.id(), s.id()),
+        ResumeAction::Fresh {
+            session: Some(h),
+            signal: None,
+        } => assert_eq!(h.id(), s.id()),
         other => panic!("unexpected {other:?}"),
     }
 }
@@ -62,9 +74,21 @@ fn live_without_cursor_is_a_fresh_stream() {
 fn malformed_cursor_is_rejected_400() {
     let e = engine();
     let s = e.open(None).unwrap();
-    for bad in ["", "evt-4471", "0", "\u{1F600}", &"f".repeat(200), "0000000000000000-1-2-03"] {
+    for bad in [
+        "",
+        "evt-4471",
+        "0",
+        "\u{1F600}",
+        &"f".repeat(200),
+        "0000000000000000-1-2-03",
+    ] {
         let d = resume(&e, Some(&s.id().to_string()), Some(bad));
-        assert_row(&d, SessionFact::Live, CursorFact::Malformed, Verdict::BadRequest);
+        assert_row(
+            &d,
+            SessionFact::Live,
+            CursorFact::Malformed,
+            Verdict::BadRequest,
+        );
         match d.action {
             ResumeAction::Reject(r) => assert_eq!(r.http_status(), 400),
             other => panic!("unexpected {other:?}"),
@@ -79,7 +103,12 @@ fn foreign_cursor_is_rejected_409_and_nothing_leaks() {
     let b = e.open(None).unwrap();
     let ids = append_n(&a, 0, 3, "secret-of-a-");
     let d = resume(&e, Some(&b.id().to_string()), Some(&ids[0].to_string()));
-    assert_row(&d, SessionFact::Live, CursorFact::Foreign, Verdict::Conflict);
+    assert_row(
+        &d,
+        SessionFact::Live,
+        CursorFact::Foreign,
+        Verdict::Conflict,
+    );
     match d.action {
         ResumeAction::Reject(r) => assert_eq!(r.http_status(), 409),
         other => panic!("unexpected {other:?}"),
@@ -96,9 +125,17 @@ fn older_epoch_gets_a_reset_signal() {
     assert!(s.is_ended());
     append_n(&again, 0, 2, "new-");
     let d = resume(&e, Some(&again.id().to_string()), Some(&old[1].to_string()));
-    assert_row(&d, SessionFact::Live, CursorFact::OlderEpoch, Verdict::FreshReset);
+    assert_row(
+        &d,
+        SessionFact::Live,
+        CursorFact::OlderEpoch,
+        Verdict::FreshReset,
+    );
     match d.action {
-        ResumeAction::Fresh { session: Some(h), signal: Some(sig) } => {
+        ResumeAction::Fresh {
+            session: Some(h),
+            signal: Some(sig),
+        } => {
             assert_eq!(h.epoch(), again.epoch());
             assert_eq!(sig.kind, SignalKind::Reset);
             assert_eq!(sig.cursor, Some(old[1]));
@@ -113,10 +150,16 @@ fn future_sequence_and_future_epoch_are_rejected_409() {
     let e = engine();
     let s = e.open(None).unwrap();
     let ids = append_n(&s, 0, 2, "x");
-    let beyond = EventId { seq: ids[1].seq + 1, ..ids[1] };
+    let beyond = EventId {
+        seq: ids[1].seq + 1,
+        ..ids[1]
+    };
     let d = resume(&e, Some(&s.id().to_string()), Some(&beyond.to_string()));
     assert_row(&d, SessionFact::Live, CursorFact::Future, Verdict::Conflict);
-    let newer = EventId { epoch: ids[1].epoch + 1, ..ids[1] };
+    let newer = EventId {
+        epoch: ids[1].epoch + 1,
+        ..ids[1]
+    };
     let d = resume(&e, Some(&s.id().to_string()), Some(&newer.to_string()));
     assert_row(&d, SessionFact::Live, CursorFact::Future, Verdict::Conflict);
 }
@@ -127,9 +170,16 @@ fn cursor_before_the_window_gets_a_gap_signal() {
     let s = e.open(None).unwrap();
     let ids = append_n(&s, 0, 20, "e"); // ring of 8: the first 12 are gone
     let d = resume(&e, Some(&s.id().to_string()), Some(&ids[2].to_string()));
-    assert_row(&d, SessionFact::Live, CursorFact::BeforeWindow, Verdict::FreshGap);
+    assert_row(
+        &d,
+        SessionFact::Live,
+        CursorFact::BeforeWindow,
+        Verdict::FreshGap,
+    );
     match d.action {
-        ResumeAction::Fresh { signal: Some(sig), .. } => {
+        ResumeAction::Fresh {
+            signal: Some(sig), ..
+        } => {
             assert_eq!(sig.kind, SignalKind::Gap);
             let oldest = sig.oldest.expect("oldest retained id");
             assert!(oldest.seq > ids[2].seq + 1);
@@ -160,7 +210,9 @@ fn caught_up_cursor_replays_nothing_then_sees_new_events() {
     let last = s.append(0, b"a").unwrap();
     let d = resume(&e, Some(&s.id().to_string()), Some(&last.to_string()));
     assert_row(&d, SessionFact::Live, CursorFact::InWindow, Verdict::Resume);
-    let ResumeAction::Replay(mut r) = d.action else { panic!() };
+    let ResumeAction::Replay(mut r) = d.action else {
+        panic!()
+    };
     let mut buf = Vec::new();
     assert_eq!(r.next_into(&mut buf).unwrap(), None);
     let next = s.append(0, b"b").unwrap();
@@ -195,12 +247,20 @@ fn unknown_closed_and_expired_sessions_are_gone_404() {
     let id = closed.append(0, b"x").unwrap();
     assert!(e.close(closed.id()));
     let d = resume(&e, Some(&closed.id().to_string()), Some(&id.to_string()));
-    assert_row(&d, SessionFact::Unknown, CursorFact::Unchecked, Verdict::Gone);
+    assert_row(
+        &d,
+        SessionFact::Unknown,
+        CursorFact::Unchecked,
+        Verdict::Gone,
+    );
     match d.action {
         ResumeAction::Reject(r) => assert_eq!(r.http_status(), 404),
         other => panic!("unexpected {other:?}"),
     }
-    assert_eq!(closed.append(0, b"late"), Err(rewind_engine::AppendError::SessionEnded));
+    assert_eq!(
+        closed.append(0, b"late"),
+        Err(rewind_engine::AppendError::SessionEnded)
+    );
 
     let idle = e.open(None).unwrap();
     std::thread::sleep(Duration::from_millis(120));
@@ -218,16 +278,31 @@ fn cursor_from_a_previous_boot_is_recognised() {
     c.boot_epoch = Some(before.boot_epoch() + 1_000_000);
     let after = Engine::new(c).unwrap();
     let d = resume(&after, Some(&s.id().to_string()), Some(&id.to_string()));
-    assert_row(&d, SessionFact::PreviousBoot, CursorFact::Unchecked, Verdict::Gone);
+    assert_row(
+        &d,
+        SessionFact::PreviousBoot,
+        CursorFact::Unchecked,
+        Verdict::Gone,
+    );
 }
 
 #[test]
 fn no_or_malformed_session_id_is_a_bad_request() {
     let e = engine();
     let d = resume(&e, None, Some("0000000000000000-1-0-1"));
-    assert_row(&d, SessionFact::Absent, CursorFact::Unchecked, Verdict::BadRequest);
+    assert_row(
+        &d,
+        SessionFact::Absent,
+        CursorFact::Unchecked,
+        Verdict::BadRequest,
+    );
     let d = resume(&e, Some("not-a-session"), None);
-    assert_row(&d, SessionFact::Malformed, CursorFact::Absent, Verdict::BadRequest);
+    assert_row(
+        &d,
+        SessionFact::Malformed,
+        CursorFact::Absent,
+        Verdict::BadRequest,
+    );
 }
 
 #[test]
@@ -237,11 +312,24 @@ fn another_principal_is_rejected_like_a_foreign_cursor() {
     let id = s.append(0, b"alice's").unwrap();
     let (sid, cur) = (s.id().to_string(), id.to_string());
     for principal in [Some("bob"), None, Some("alic"), Some("alice ")] {
-        let d = e.resume(ResumeRequest { session_id: Some(&sid), last_event_id: Some(&cur), principal });
-        assert_row(&d, SessionFact::WrongPrincipal, CursorFact::Unchecked, Verdict::Conflict);
+        let d = e.resume(ResumeRequest {
+            session_id: Some(&sid),
+            last_event_id: Some(&cur),
+            principal,
+        });
+        assert_row(
+            &d,
+            SessionFact::WrongPrincipal,
+            CursorFact::Unchecked,
+            Verdict::Conflict,
+        );
         assert!(matches!(d.action, ResumeAction::Reject(_)));
     }
-    let d = e.resume(ResumeRequest { session_id: Some(&sid), last_event_id: Some(&cur), principal: Some("alice") });
+    let d = e.resume(ResumeRequest {
+        session_id: Some(&sid),
+        last_event_id: Some(&cur),
+        principal: Some("alice"),
+    });
     assert_eq!(d.verdict, Verdict::Resume);
 }
 

@@ -6,7 +6,9 @@ use libfuzzer_sys::fuzz_target;
 use rewind_engine::{EventId, SessionId};
 
 fuzz_target!(|data: &[u8]| {
-    let Ok(s) = std::str::from_utf8(data) else { return };
+    let Ok(s) = std::str::from_utf8(data) else {
+        return;
+    };
     if let Ok(id) = EventId::parse(s) {
         assert_eq!(id.to_string(), s);
     }

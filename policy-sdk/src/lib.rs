@@ -233,9 +233,8 @@ impl VerdictSet {
     /// The empty set.
     pub const EMPTY: VerdictSet = VerdictSet(0);
     /// The three rejections, safe for any facts.
-    pub const REJECTIONS: VerdictSet = VerdictSet(
-        Verdict::BadRequest.bit() | Verdict::Conflict.bit() | Verdict::Gone.bit(),
-    );
+    pub const REJECTIONS: VerdictSet =
+        VerdictSet(Verdict::BadRequest.bit() | Verdict::Conflict.bit() | Verdict::Gone.bit());
     /// Every verdict this ABI version defines.
     pub const ALL: VerdictSet = VerdictSet((1 << 7) - 1);
 

@@ -22,7 +22,10 @@ fn demo() -> Result<(), Box<dyn std::error::Error>> {
     let mut config = Config::default();
     config.ring_slots = 16;
     let engine = Engine::new(config)?;
-    println!("rewind demo: engine with the native default policy, {}", describe(&engine));
+    println!(
+        "rewind demo: engine with the native default policy, {}",
+        describe(&engine)
+    );
 
     let alice = engine.open(None)?;
     let bob = engine.open(None)?;
@@ -32,10 +35,17 @@ fn demo() -> Result<(), Box<dyn std::error::Error>> {
         alice_ids.push(alice.append(tool, format!("alice progress {i}/5").as_bytes())?);
     }
     bob.append(0, b"bob notification")?;
-    println!("opened sessions alice and bob; alice's tool stream {tool} has 5 events, last id {}", alice_ids[4]);
+    println!(
+        "opened sessions alice and bob; alice's tool stream {tool} has 5 events, last id {}",
+        alice_ids[4]
+    );
 
     let (a, b) = (alice.id().to_string(), bob.id().to_string());
-    let forged = EventId { seq: alice_ids[4].seq + 10, ..alice_ids[4] }.to_string();
+    let forged = EventId {
+        seq: alice_ids[4].seq + 10,
+        ..alice_ids[4]
+    }
+    .to_string();
     let stale = alice_ids[1].to_string();
     let gone = SessionId::generate().to_string();
     let rows: Vec<(&str, Option<&str>, Option<&str>)> = vec![
@@ -47,9 +57,16 @@ fn demo() -> Result<(), Box<dyn std::error::Error>> {
         ("unknown session", Some(&gone), Some(&stale)),
         ("no session id", None, Some(&stale)),
     ];
-    println!("\n{:<36} {:<14} {:<14} {:<11} answer", "request", "session", "cursor", "verdict");
+    println!(
+        "\n{:<36} {:<14} {:<14} {:<11} answer",
+        "request", "session", "cursor", "verdict"
+    );
     for (label, session_id, last_event_id) in rows {
-        let d = engine.resume(ResumeRequest { session_id, last_event_id, principal: None });
+        let d = engine.resume(ResumeRequest {
+            session_id,
+            last_event_id,
+            principal: None,
+        });
         let answer = match d.action {
             ResumeAction::Replay(mut replay) => {
                 let mut buf = Vec::new();
@@ -59,7 +76,9 @@ fn demo() -> Result<(), Box<dyn std::error::Error>> {
                 }
                 format!("200, replays {events:?}")
             }
-            ResumeAction::Fresh { signal: Some(s), .. } => format!("200, first event `{}`", s.kind.event_name()),
+            ResumeAction::Fresh {
+                signal: Some(s), ..
+            } => format!("200, first event `{}`", s.kind.event_name()),
             ResumeAction::Fresh { signal: None, .. } => "200, fresh stream".to_owned(),
             ResumeAction::Reject(r) => format!("{} ({})", r.http_status(), r.reason),
         };
@@ -74,14 +93,27 @@ fn demo() -> Result<(), Box<dyn std::error::Error>> {
     // The older-epoch and gap rows need history: a new incarnation of
     // alice's session, and a ring that wrapped past a cursor.
     let alice2 = engine.reopen(alice.id(), None)?;
-    let d = engine.resume(ResumeRequest { session_id: Some(&a), last_event_id: Some(&stale), principal: None });
-    println!("alice re-initialised (epoch {} -> {}), old cursor: {:?}", alice.epoch(), alice2.epoch(), d.verdict);
+    let d = engine.resume(ResumeRequest {
+        session_id: Some(&a),
+        last_event_id: Some(&stale),
+        principal: None,
+    });
+    println!(
+        "alice re-initialised (epoch {} -> {}), old cursor: {:?}",
+        alice.epoch(),
+        alice2.epoch(),
+        d.verdict
+    );
     let first = alice2.append(0, b"e0")?;
     for i in 1..40 {
         alice2.append(0, format!("e{i}").as_bytes())?;
     }
     let cursor = first.to_string();
-    let d = engine.resume(ResumeRequest { session_id: Some(&a), last_event_id: Some(&cursor), principal: None });
+    let d = engine.resume(ResumeRequest {
+        session_id: Some(&a),
+        last_event_id: Some(&cursor),
+        principal: None,
+    });
     println!("alice's ring wrapped past her cursor: {:?}", d.verdict);
 
     let m = engine.metrics();

@@ -39,8 +39,16 @@ enum CursorPick {
 enum Op {
     Open,
     /// Append `n` events on `stream`, from one or two threads at once.
-    Append { session: usize, stream: u32, n: usize, two_threads: bool },
-    Resume { session: usize, cursor: CursorPick },
+    Append {
+        session: usize,
+        stream: u32,
+        n: usize,
+        two_threads: bool,
+    },
+    Resume {
+        session: usize,
+        cursor: CursorPick,
+    },
     Close(usize),
     Reopen(usize),
     Restart,
@@ -104,17 +112,34 @@ fn config(boot: u64) -> Config {
 
 impl World {
     fn new() -> World {
-        World { engine: Engine::new(config(1 << 40)).unwrap(), sessions: Vec::new(), origin: HashMap::new() }
+        World {
+            engine: Engine::new(config(1 << 40)).unwrap(),
+            sessions: Vec::new(),
+            origin: HashMap::new(),
+        }
     }
 
     fn run(&mut self, op: &Op) -> Result<(), TestCaseError> {
         match op {
             Op::Open => {
                 let handle = self.engine.open(None).unwrap();
-                self.sessions.push(ModelSession { handle, live: true, events: vec![], old_epochs: vec![], counter: 0 });
+                self.sessions.push(ModelSession {
+                    handle,
+                    live: true,
+                    events: vec![],
+                    old_epochs: vec![],
+                    counter: 0,
+                });
             }
-            Op::Append { session, stream, n, two_threads } => {
-                let Some(slot) = self.pick(*session) else { return Ok(()) };
+            Op::Append {
+                session,
+                stream,
+                n,
+                two_threads,
+            } => {
+                let Some(slot) = self.pick(*session) else {
+                    return Ok(());
+                };
                 let s = &mut self.sessions[slot];
                 if !s.live {
                     let refused = s.handle.append(*stream, b"late");
@@ -137,7 +162,13 @@ impl World {
                                 let res = h.append(*stream, &p);
                                 (res, p)
                             })
-                            .filter_map(|(res, p)| res.ok().map(|id| ModelEvent { id, stream: *stream, payload: p }))
+                            .filter_map(|(res, p)| {
+                                res.ok().map(|id| ModelEvent {
+                                    id,
+                                    stream: *stream,
+                                    payload: p,
+                                })
+                            })
                             .collect()
                     }
                 };
@@ -199,7 +230,9 @@ impl World {
     }
 
     fn resume(&mut self, i: usize, pick: &CursorPick) -> Result<(), TestCaseError> {
-        let Some(slot) = self.pick(i) else { return Ok(()) };
+        let Some(slot) = self.pick(i) else {
+            return Ok(());
+        };
         let s = &self.sessions[slot];
         let high_water = s.events.len() as u64;
         let (cursor, expected): (Option<String>, Verdict) = match pick {
@@ -209,7 +242,14 @@ impl World {
                 // Retained iff the first event after the cursor is still in
                 // the ring of SLOTS events.
                 let in_window = c.seq + 1 + SLOTS as u64 > high_water;
-                (Some(c.to_string()), if in_window { Verdict::Resume } else { Verdict::FreshGap })
+                (
+                    Some(c.to_string()),
+                    if in_window {
+                        Verdict::Resume
+                    } else {
+                        Verdict::FreshGap
+                    },
+                )
             }
             CursorPick::Own(_) | CursorPick::Priming => {
                 let c = s.handle.cursor_now(s.handle.new_stream().unwrap_or(0));
@@ -221,18 +261,35 @@ impl World {
                 if other == slot || events.is_empty() {
                     return Ok(());
                 }
-                (Some(events[n % events.len()].id.to_string()), Verdict::Conflict)
+                (
+                    Some(events[n % events.len()].id.to_string()),
+                    Verdict::Conflict,
+                )
             }
-            CursorPick::OldEpoch(n) if !s.old_epochs.is_empty() => {
-                (Some(s.old_epochs[n % s.old_epochs.len()].id.to_string()), Verdict::FreshReset)
-            }
+            CursorPick::OldEpoch(n) if !s.old_epochs.is_empty() => (
+                Some(s.old_epochs[n % s.old_epochs.len()].id.to_string()),
+                Verdict::FreshReset,
+            ),
             CursorPick::OldEpoch(_) => return Ok(()),
             CursorPick::Future(k) => {
                 let c = s.handle.cursor_now(0);
-                (Some(EventId { seq: c.seq + k, ..c }.to_string()), Verdict::Conflict)
+                (
+                    Some(
+                        EventId {
+                            seq: c.seq + k,
+                            ..c
+                        }
+                        .to_string(),
+                    ),
+                    Verdict::Conflict,
+                )
             }
             CursorPick::Garbage(g) => {
-                let expected = if EventId::parse(g).is_ok() { Verdict::Conflict } else { Verdict::BadRequest };
+                let expected = if EventId::parse(g).is_ok() {
+                    Verdict::Conflict
+                } else {
+                    Verdict::BadRequest
+                };
                 (Some(g.clone()), expected)
             }
         };
@@ -243,13 +300,23 @@ impl World {
             principal: None,
         });
         let expected = if s.live { expected } else { Verdict::Gone };
-        prop_assert_eq!(d.verdict, expected, "facts {:?} cursor {:?}", d.facts, cursor);
+        prop_assert_eq!(
+            d.verdict,
+            expected,
+            "facts {:?} cursor {:?}",
+            d.facts,
+            cursor
+        );
         let ResumeAction::Replay(mut replay) = d.action else {
             prop_assert!(expected != Verdict::Resume);
             return Ok(());
         };
         let c = EventId::parse(cursor.as_deref().unwrap()).unwrap();
-        let want: Vec<&ModelEvent> = s.events.iter().filter(|e| e.stream == c.stream && e.id.seq > c.seq).collect();
+        let want: Vec<&ModelEvent> = s
+            .events
+            .iter()
+            .filter(|e| e.stream == c.stream && e.id.seq > c.seq)
+            .collect();
         let mut got = Vec::new();
         let mut buf = Vec::new();
         loop {
@@ -258,7 +325,11 @@ impl World {
                     // The invariant: the event is the presented session's,
                     // current epoch, never anyone else's.
                     let origin = self.origin.get(&buf).copied();
-                    prop_assert_eq!(origin, Some((slot, s.handle.epoch())), "foreign event delivered");
+                    prop_assert_eq!(
+                        origin,
+                        Some((slot, s.handle.epoch())),
+                        "foreign event delivered"
+                    );
                     got.push((id, buf.clone()));
                 }
                 Ok(None) => break,
@@ -315,16 +386,28 @@ fn resumes_racing_two_appenders_never_cross_sessions() {
             for _ in 0..2000 {
                 let cursor = a.cursor_now(0).to_string();
                 // B presents A's cursor: always refused.
-                let d = engine.resume(ResumeRequest { session_id: Some(&sid_b), last_event_id: Some(&cursor), principal: None });
+                let d = engine.resume(ResumeRequest {
+                    session_id: Some(&sid_b),
+                    last_event_id: Some(&cursor),
+                    principal: None,
+                });
                 assert_eq!(d.verdict, Verdict::Conflict);
                 // A presents its own: replay only A's bytes, in order.
-                let d = engine.resume(ResumeRequest { session_id: Some(&sid_a), last_event_id: Some(&cursor), principal: None });
+                let d = engine.resume(ResumeRequest {
+                    session_id: Some(&sid_a),
+                    last_event_id: Some(&cursor),
+                    principal: None,
+                });
                 if let ResumeAction::Replay(mut r) = d.action {
                     let mut last = 0;
                     for _ in 0..64 {
                         match r.next_into(&mut buf) {
                             Ok(Some(id)) => {
-                                assert!(buf.starts_with(b"a:"), "foreign bytes {:?}", String::from_utf8_lossy(&buf));
+                                assert!(
+                                    buf.starts_with(b"a:"),
+                                    "foreign bytes {:?}",
+                                    String::from_utf8_lossy(&buf)
+                                );
                                 assert!(id.seq > last);
                                 last = id.seq;
                             }

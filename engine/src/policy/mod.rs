@@ -89,7 +89,8 @@ impl Policy for NativePolicy {
     #[inline]
     fn decide(&self, facts: &ResumeFacts) -> PolicyAnswer {
         PolicyAnswer {
-            code: rewind_policy_sdk::default_verdict(facts.session_fact(), facts.cursor_fact()).code(),
+            code: rewind_policy_sdk::default_verdict(facts.session_fact(), facts.cursor_fact())
+                .code(),
             generation: 0,
             fault: None,
         }
@@ -107,7 +108,10 @@ impl Policy for NativePolicy {
 pub fn clamp(facts: &ResumeFacts, answer: PolicyAnswer) -> (Verdict, Option<PolicyFault>) {
     match Verdict::from_code(answer.code) {
         Some(v) if facts.allowed.contains(v) => (v, answer.fault),
-        _ => (facts.default(), Some(answer.fault.unwrap_or(PolicyFault::OutOfSet))),
+        _ => (
+            facts.default(),
+            Some(answer.fault.unwrap_or(PolicyFault::OutOfSet)),
+        ),
     }
 }
 
@@ -118,11 +122,29 @@ mod tests {
     #[test]
     fn clamp_replaces_out_of_set_and_unknown_codes() {
         let facts = ResumeFacts::new(SessionFact::Live, CursorFact::Foreign).with_safe_set();
-        let resume = PolicyAnswer { code: Verdict::Resume.code(), generation: 1, fault: None };
-        assert_eq!(clamp(&facts, resume), (Verdict::Conflict, Some(PolicyFault::OutOfSet)));
-        let junk = PolicyAnswer { code: 999, generation: 1, fault: None };
-        assert_eq!(clamp(&facts, junk), (Verdict::Conflict, Some(PolicyFault::OutOfSet)));
-        let stricter = PolicyAnswer { code: Verdict::BadRequest.code(), generation: 1, fault: None };
+        let resume = PolicyAnswer {
+            code: Verdict::Resume.code(),
+            generation: 1,
+            fault: None,
+        };
+        assert_eq!(
+            clamp(&facts, resume),
+            (Verdict::Conflict, Some(PolicyFault::OutOfSet))
+        );
+        let junk = PolicyAnswer {
+            code: 999,
+            generation: 1,
+            fault: None,
+        };
+        assert_eq!(
+            clamp(&facts, junk),
+            (Verdict::Conflict, Some(PolicyFault::OutOfSet))
+        );
+        let stricter = PolicyAnswer {
+            code: Verdict::BadRequest.code(),
+            generation: 1,
+            fault: None,
+        };
         assert_eq!(clamp(&facts, stricter), (Verdict::BadRequest, None));
     }
 
