@@ -6,6 +6,9 @@
 
 use std::process::ExitCode;
 
+use std::sync::Arc;
+
+use rewind_engine::policy::wasm::PolicyHost;
 use rewind_engine::{Config, Engine, EventId, ResumeAction, ResumeRequest, SessionId};
 
 fn main() -> ExitCode {
@@ -21,9 +24,13 @@ fn main() -> ExitCode {
 fn demo() -> Result<(), Box<dyn std::error::Error>> {
     let mut config = Config::default();
     config.ring_slots = 16;
-    let engine = Engine::new(config)?;
+    // The embedded default policy, compiled to wasm32 by the build and run
+    // in the sandbox (fuel, deadline, memory cap) on every decision.
+    let host = PolicyHost::with_default_policy()?;
+    let engine = Engine::with_policy(config, Arc::new(host))?;
     println!(
-        "rewind demo: engine with the native default policy, {}",
+        "rewind demo: engine with policy {}, {}",
+        engine.policy().name(),
         describe(&engine)
     );
 
@@ -118,8 +125,13 @@ fn demo() -> Result<(), Box<dyn std::error::Error>> {
 
     let m = engine.metrics();
     println!(
-        "\nmetrics: {} appends, {} events replayed, {} resumes, {} sessions live, {} bytes held",
-        m.appends, m.events_replayed, m.resumes, m.sessions_live, m.bytes_held
+        "\nmetrics: {} appends, {} events replayed, {} resumes ({} policy faults), {} sessions live, {} bytes held",
+        m.appends,
+        m.events_replayed,
+        m.resumes,
+        m.policy_faults.iter().sum::<u64>(),
+        m.sessions_live,
+        m.bytes_held
     );
     Ok(())
 }
