@@ -1,0 +1,271 @@
+//! Engine benches: append, replay after a cursor, resume decision, payload
+//! copy bandwidth — Rewind beside today's stores, in the same groups.
+//!
+//! `cargo bench -p rewind-benches --bench engine`; numbers and how to read
+//! them are in `BENCHMARKS.md`. Under `cargo test --benches` every bench runs
+//! once on 500 sessions instead of 100 000.
+
+use std::time::Instant;
+
+use criterion::measurement::WallTime;
+use criterion::{Bencher, BenchmarkGroup, BenchmarkId, Criterion, Throughput};
+use rewind_benches::bodies::{self, CursorWalk};
+use rewind_benches::scale::{selected, Scale};
+use rewind_benches::stores::BASELINE_EVENTS_PER_SESSION;
+use rewind_benches::{
+    payload, AppendStore, BroadcastPerSession, FloorStore, GoStyleStore, ReplayStore, RewindStore,
+    ScanSortStore, SharedMutexStore,
+};
+
+/// Payload of the append, replay and resume groups.
+const EVENT_BYTES: usize = 100;
+/// Events a replay returns.
+const REPLAYED: usize = 64;
+/// Payload of the copy-bandwidth group.
+const LARGE_EVENT_BYTES: usize = 4096;
+
+fn main() {
+    let scale = Scale::from_env();
+    let mut c = Criterion::default()
+        .warm_up_time(scale.warm_up())
+        .measurement_time(scale.measurement())
+        .sample_size(20)
+        // Plots and 100k bootstrap resamples cost more than the measuring.
+        .nresamples(20_000)
+        .without_plots()
+        .configure_from_args();
+    append(&mut c);
+    replay_and_resume(&mut c, &scale);
+    copy(&mut c);
+    c.final_summary();
+}
+
+fn append(c: &mut Criterion) {
+    if !selected("append") {
+        return;
+    }
+    let p = payload(EVENT_BYTES);
+    let p = &p[..];
+    let rewind = || RewindStore::new(64, 8 * 1024);
+    let mut g = c.benchmark_group("append");
+
+    g.throughput(Throughput::Elements(2));
+    let v = "2t_distinct";
+    append_bench::<FloorStore>(&mut g, v, |b| {
+        bodies::append_parallel(b, FloorStore::default, 2, p)
+    });
+    append_bench::<RewindStore>(&mut g, v, |b| bodies::append_parallel(b, rewind, 2, p));
+    append_bench::<SharedMutexStore>(&mut g, v, |b| {
+        bodies::append_parallel(b, SharedMutexStore::default, 2, p)
+    });
+    append_bench::<GoStyleStore>(&mut g, v, |b| {
+        bodies::append_parallel(b, GoStyleStore::default, 2, p)
+    });
+    append_bench::<BroadcastPerSession>(&mut g, v, |b| {
+        bodies::append_parallel(b, BroadcastPerSession::default, 2, p)
+    });
+    append_bench::<ScanSortStore>(&mut g, v, |b| {
+        bodies::append_parallel(b, ScanSortStore::default, 2, p)
+    });
+
+    let v = "2t_same_session";
+    append_bench::<RewindStore>(&mut g, v, |b| bodies::append_same_session(b, rewind, p));
+    append_bench::<SharedMutexStore>(&mut g, v, |b| {
+        bodies::append_same_session(b, SharedMutexStore::default, p)
+    });
+    append_bench::<GoStyleStore>(&mut g, v, |b| {
+        bodies::append_same_session(b, GoStyleStore::default, p)
+    });
+    append_bench::<BroadcastPerSession>(&mut g, v, |b| {
+        bodies::append_same_session(b, BroadcastPerSession::default, p)
+    });
+    append_bench::<ScanSortStore>(&mut g, v, |b| {
+        bodies::append_same_session(b, ScanSortStore::default, p)
+    });
+
+    g.throughput(Throughput::Elements(1));
+    let v = "1t";
+    append_bench::<FloorStore>(&mut g, v, |b| {
+        bodies::append_parallel(b, FloorStore::default, 1, p)
+    });
+    append_bench::<RewindStore>(&mut g, v, |b| bodies::append_parallel(b, rewind, 1, p));
+    append_bench::<SharedMutexStore>(&mut g, v, |b| {
+        bodies::append_parallel(b, SharedMutexStore::default, 1, p)
+    });
+    append_bench::<GoStyleStore>(&mut g, v, |b| {
+        bodies::append_parallel(b, GoStyleStore::default, 1, p)
+    });
+    append_bench::<BroadcastPerSession>(&mut g, v, |b| {
+        bodies::append_parallel(b, BroadcastPerSession::default, 1, p)
+    });
+    append_bench::<ScanSortStore>(&mut g, v, |b| {
+        bodies::append_parallel(b, ScanSortStore::default, 1, p)
+    });
+    g.finish();
+}
+
+/// One append bench, then how many cores its writer threads kept busy (on a
+/// shared 2-core machine, a lock-free store below ~1.9 did not get both).
+fn append_bench<S: AppendStore>(
+    g: &mut BenchmarkGroup<'_, WallTime>,
+    variant: &str,
+    body: impl FnMut(&mut Bencher<'_, WallTime>),
+) {
+    g.bench_function(BenchmarkId::new(variant, S::NAME), body);
+    if let Some(cores) = bodies::take_writer_cpu() {
+        eprintln!(
+            "append/{variant}/{}: writer threads kept {cores:.2} cores busy",
+            S::NAME
+        );
+    }
+}
+
+/// What to run on one store in the replay and resume groups.
+struct Plan {
+    /// Also measure replay while another thread appends.
+    contended: bool,
+    /// Also measure the resume decision.
+    resume: bool,
+    /// Samples per bench (the scan-and-sort store is ~1000× slower).
+    samples: usize,
+}
+
+fn replay_and_resume(c: &mut Criterion, scale: &Scale) {
+    let full = Plan {
+        contended: true,
+        resume: true,
+        samples: 20,
+    };
+    // Rewind: 64-slot rings, 8 KiB of payload per session.
+    replay_store(c, scale, RewindStore::new(64, 8 * 1024), &full);
+    replay_store(
+        c,
+        scale,
+        SharedMutexStore::new(BASELINE_EVENTS_PER_SESSION),
+        &full,
+    );
+    // A budget the benches never reach: Go's purge sweeps every stream.
+    replay_store(c, scale, GoStyleStore::new(usize::MAX), &full);
+    // No cursor to resume from.
+    replay_store(
+        c,
+        scale,
+        BroadcastPerSession::new(REPLAYED),
+        &Plan {
+            resume: false,
+            ..full
+        },
+    );
+    // Unbounded and never cleaned: a background writer would grow it without
+    // limit, and it needs no help to be slow.
+    replay_store(
+        c,
+        scale,
+        ScanSortStore::default(),
+        &Plan {
+            contended: false,
+            resume: true,
+            samples: 10,
+        },
+    );
+}
+
+fn replay_store<S: ReplayStore>(c: &mut Criterion, scale: &Scale, store: S, plan: &Plan) {
+    let name = S::NAME;
+    let wanted = |group: &str, variant: &str| selected(&format!("{group}/{variant}/{name}"));
+    let contended = plan.contended && wanted("replay", "scattered_while_appending");
+    let resume = plan.resume
+        && (wanted("resume_decision", "scattered") || wanted("resume_decision", "same_session"));
+    if !(wanted("replay", "scattered") || wanted("replay", "same_session") || contended || resume) {
+        return;
+    }
+    let p = payload(EVENT_BYTES);
+    let p = &p[..];
+    let started = Instant::now();
+    let cursors = bodies::populate(&store, scale.sessions, REPLAYED + 1, p);
+    eprintln!(
+        "{name}: {} sessions × {} events built in {:.1?}",
+        scale.sessions,
+        REPLAYED + 1,
+        started.elapsed()
+    );
+    bodies::check_replay(&store, &cursors, p, REPLAYED);
+    // `scattered`: each iteration resumes another session (cold caches, as a
+    // reconnect storm would); `same_session`: one session over and over
+    // (hot caches: the CPU cost alone).
+    let mut scattered = CursorWalk::new(cursors.len());
+    let mut same = CursorWalk::new(1);
+    let one = &cursors[..1];
+
+    let mut g = c.benchmark_group("replay");
+    g.throughput(Throughput::Elements(REPLAYED as u64))
+        .sample_size(plan.samples);
+    g.bench_function(BenchmarkId::new("scattered", name), |b| {
+        bodies::replay(b, &store, &cursors, &mut scattered, p)
+    });
+    g.bench_function(BenchmarkId::new("same_session", name), |b| {
+        bodies::replay(b, &store, one, &mut same, p)
+    });
+    if contended {
+        let ((), rate) = bodies::with_background_appends(&store, p, || {
+            g.bench_function(BenchmarkId::new("scattered_while_appending", name), |b| {
+                bodies::replay(b, &store, &cursors, &mut scattered, p)
+            });
+        });
+        eprintln!(
+            "{name}: background writer appended {:.2} M events/s meanwhile",
+            rate / 1e6
+        );
+    }
+    g.finish();
+
+    if resume {
+        let mut g = c.benchmark_group("resume_decision");
+        g.throughput(Throughput::Elements(1))
+            .sample_size(plan.samples);
+        g.bench_function(BenchmarkId::new("scattered", name), |b| {
+            bodies::resume(b, &store, &cursors, &mut scattered)
+        });
+        g.bench_function(BenchmarkId::new("same_session", name), |b| {
+            bodies::resume(b, &store, one, &mut same)
+        });
+        g.finish();
+    }
+    let started = Instant::now();
+    drop(store);
+    eprintln!("{name}: dropped in {:.1?}", started.elapsed());
+}
+
+fn copy(c: &mut Criterion) {
+    if !selected("copy_4k") {
+        return;
+    }
+    let p = payload(LARGE_EVENT_BYTES);
+    let p = &p[..];
+    let mut g = c.benchmark_group("copy_4k");
+    g.throughput(Throughput::Bytes((REPLAYED * LARGE_EVENT_BYTES) as u64));
+
+    let source = p.repeat(REPLAYED);
+    g.bench_function("memcpy", |b| {
+        bodies::memcpy_events(b, &source, LARGE_EVENT_BYTES)
+    });
+
+    // 64 events of 4 KiB need a 256 KiB arena; give it room for headers.
+    let rewind = RewindStore::new(64, 512 * 1024);
+    copy_store(&mut g, &rewind, p);
+    copy_store(
+        &mut g,
+        &SharedMutexStore::new(BASELINE_EVENTS_PER_SESSION),
+        p,
+    );
+    g.finish();
+}
+
+fn copy_store<S: ReplayStore>(g: &mut BenchmarkGroup<'_, WallTime>, store: &S, p: &[u8]) {
+    let cursors = bodies::populate(store, 1, REPLAYED + 1, p);
+    bodies::check_replay(store, &cursors, p, REPLAYED);
+    let mut walk = CursorWalk::new(1);
+    g.bench_function(S::NAME, |b| {
+        bodies::replay(b, store, &cursors, &mut walk, p)
+    });
+}

@@ -1,0 +1,295 @@
+//! Bench bodies shared by every implementation, and the data they run on.
+//!
+//! Each body is generic over [`AppendStore`]/[`ReplayStore`], so the same
+//! loop measures Rewind and every baseline in the same group.
+
+use std::hint::black_box;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Barrier;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use criterion::measurement::WallTime;
+use criterion::Bencher;
+
+use crate::{AppendStore, ReplayStore};
+
+/// `threads` threads, each appending `payload` to a session of its own,
+/// `iters` times each, on a fresh store from `make` (built and dropped
+/// outside the timed region). One iteration = one event per thread, all
+/// threads at once; the time is from the first thread's start to the last
+/// thread's end.
+pub fn append_parallel<S: AppendStore>(
+    b: &mut Bencher<'_, WallTime>,
+    make: impl Fn() -> S,
+    threads: usize,
+    payload: &[u8],
+) {
+    b.iter_custom(|iters| {
+        let store = make();
+        let writers = (0..threads).map(|_| store.open()).collect();
+        run_writers(&store, writers, iters, payload)
+    });
+}
+
+/// Two threads appending to the *same* session (a tool's progress
+/// notifications and its result come from different tasks).
+pub fn append_same_session<S>(b: &mut Bencher<'_, WallTime>, make: impl Fn() -> S, payload: &[u8])
+where
+    S: AppendStore,
+    S::Writer: Clone,
+{
+    b.iter_custom(|iters| {
+        let store = make();
+        let first = store.open();
+        let writers = vec![first.clone(), first];
+        run_writers(&store, writers, iters, payload)
+    });
+}
+
+/// Wall time and on-CPU time of the writer threads, summed over every
+/// [`append_parallel`]/[`append_same_session`] run since the last
+/// [`take_writer_cpu`]: tells a lock-free store that got both cores apart
+/// from one that shared a core with the machine's other work.
+static WRITER_WALL_NS: AtomicU64 = AtomicU64::new(0);
+static WRITER_CPU_NS: AtomicU64 = AtomicU64::new(0);
+
+/// How many cores the writer threads kept busy on average since the last
+/// call (on-CPU time ÷ wall time; 2.0 = two threads never off a core), or
+/// `None` where `/proc/thread-self/schedstat` is unavailable.
+pub fn take_writer_cpu() -> Option<f64> {
+    let wall = WRITER_WALL_NS.swap(0, Ordering::Relaxed);
+    let cpu = WRITER_CPU_NS.swap(0, Ordering::Relaxed);
+    (wall > 0 && cpu > 0).then(|| cpu as f64 / wall as f64)
+}
+
+/// Nanoseconds this thread has run on a CPU (Linux schedstat), if known.
+fn thread_cpu_ns() -> Option<u64> {
+    let stat = std::fs::read_to_string("/proc/thread-self/schedstat").ok()?;
+    stat.split_whitespace().next()?.parse().ok()
+}
+
+fn run_writers<S: AppendStore>(
+    store: &S,
+    writers: Vec<S::Writer>,
+    iters: u64,
+    payload: &[u8],
+) -> Duration {
+    let barrier = Barrier::new(writers.len());
+    let spans: Vec<(Instant, Instant, u64)> = thread::scope(|s| {
+        let handles: Vec<_> = writers
+            .into_iter()
+            .map(|mut w| {
+                let barrier = &barrier;
+                s.spawn(move || {
+                    barrier.wait();
+                    let cpu_start = thread_cpu_ns();
+                    let start = Instant::now();
+                    for _ in 0..iters {
+                        store.append(&mut w, black_box(payload));
+                    }
+                    let end = Instant::now();
+                    let cpu = match (cpu_start, thread_cpu_ns()) {
+                        (Some(a), Some(b)) => b.saturating_sub(a),
+                        _ => 0,
+                    };
+                    (start, end, cpu)
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("writer thread panicked"))
+            .collect()
+    });
+    let start = spans
+        .iter()
+        .map(|s| s.0)
+        .min()
+        .expect("at least one writer");
+    let end = spans
+        .iter()
+        .map(|s| s.1)
+        .max()
+        .expect("at least one writer");
+    let wall = end - start;
+    WRITER_WALL_NS.fetch_add(wall.as_nanos() as u64, Ordering::Relaxed);
+    WRITER_CPU_NS.fetch_add(spans.iter().map(|s| s.2).sum(), Ordering::Relaxed);
+    wall
+}
+
+/// Opens `sessions` sessions of `events` events each and returns, per
+/// session, the cursor of its *first* event: a replay after it returns the
+/// `events - 1` newest.
+pub fn populate<S: ReplayStore>(
+    store: &S,
+    sessions: usize,
+    events: usize,
+    payload: &[u8],
+) -> Vec<S::Cursor> {
+    (0..sessions)
+        .map(|_| {
+            let mut w = store.open();
+            let cursor = store.append_for_cursor(&mut w, payload);
+            for _ in 1..events {
+                store.append(&mut w, payload);
+            }
+            cursor
+        })
+        .collect()
+}
+
+/// Checks, before anything is measured, that a replay after the first
+/// cursor returns `expected` events and a resume delivers one.
+pub fn check_replay<S: ReplayStore>(
+    store: &S,
+    cursors: &[S::Cursor],
+    payload: &[u8],
+    expected: usize,
+) {
+    let mut buf = Vec::new();
+    let n = store.replay_after(&cursors[0], &mut buf);
+    assert_eq!(
+        n,
+        expected,
+        "{}: a replay returned {n} events, expected {expected}",
+        S::NAME
+    );
+    store.rearm(&cursors[0], payload);
+    buf.clear();
+    assert!(
+        store.resume_first(&cursors[0], &mut buf),
+        "{}: resume delivered nothing",
+        S::NAME
+    );
+    assert_eq!(buf, payload, "{}: resumed payload differs", S::NAME);
+    if store.needs_rearm() {
+        // The resume consumed one event; start from a full receiver again.
+        store.replay_after(&cursors[0], &mut buf);
+        store.rearm(&cursors[0], payload);
+    }
+}
+
+/// Visits cursors in a scattered order (a resume picks an arbitrary
+/// session, whose data is usually not in cache), carrying on across calls.
+#[derive(Debug)]
+pub struct CursorWalk {
+    next: usize,
+    len: usize,
+    stride: usize,
+}
+
+impl CursorWalk {
+    /// A walk over `len` cursors.
+    pub fn new(len: usize) -> CursorWalk {
+        assert!(len > 0, "no cursors to walk");
+        // A prime far larger than any session count here is coprime with it.
+        CursorWalk {
+            next: 0,
+            len,
+            stride: 1_000_003 % len.max(2),
+        }
+    }
+
+    /// The index of the next cursor.
+    #[inline]
+    pub fn step(&mut self) -> usize {
+        let at = self.next;
+        self.next = (self.next + self.stride.max(1)) % self.len;
+        at
+    }
+}
+
+/// One iteration = one replay of everything after a cursor (the newest 64
+/// events of one session among all of them), copying each payload out.
+pub fn replay<S: ReplayStore>(
+    b: &mut Bencher<'_, WallTime>,
+    store: &S,
+    cursors: &[S::Cursor],
+    walk: &mut CursorWalk,
+    payload: &[u8],
+) {
+    let mut buf = Vec::with_capacity(payload.len());
+    b.iter_custom(|iters| {
+        if store.needs_rearm() {
+            let mut total = Duration::ZERO;
+            for _ in 0..iters {
+                let c = &cursors[walk.step()];
+                let start = Instant::now();
+                black_box(store.replay_after(c, &mut buf));
+                total += start.elapsed();
+                store.rearm(c, payload);
+            }
+            total
+        } else {
+            let start = Instant::now();
+            for _ in 0..iters {
+                black_box(store.replay_after(&cursors[walk.step()], &mut buf));
+            }
+            start.elapsed()
+        }
+    });
+}
+
+/// One iteration = one resume decision: find the session, find the cursor's
+/// position, deliver the first event after it.
+pub fn resume<S: ReplayStore>(
+    b: &mut Bencher<'_, WallTime>,
+    store: &S,
+    cursors: &[S::Cursor],
+    walk: &mut CursorWalk,
+) {
+    let mut buf = Vec::new();
+    b.iter_custom(|iters| {
+        let start = Instant::now();
+        for _ in 0..iters {
+            black_box(store.resume_first(&cursors[walk.step()], &mut buf));
+        }
+        start.elapsed()
+    });
+}
+
+/// The floor of a replay: the same payload bytes copied out with plain
+/// `memcpy`, one event at a time, from one contiguous buffer.
+pub fn memcpy_events(b: &mut Bencher<'_, WallTime>, source: &[u8], event_len: usize) {
+    let mut buf = Vec::with_capacity(event_len);
+    b.iter(|| {
+        for event in source.chunks_exact(event_len) {
+            crate::deliver(&mut buf, event);
+        }
+    });
+}
+
+/// Runs `f` while another thread appends to other sessions of `store` as
+/// fast as it can (each background session gets 256 events, then is closed
+/// and replaced, so every store stays bounded). Returns `f`'s result and the
+/// background thread's append rate (events/s).
+pub fn with_background_appends<S: ReplayStore, R>(
+    store: &S,
+    payload: &[u8],
+    f: impl FnOnce() -> R,
+) -> (R, f64) {
+    let stop = AtomicBool::new(false);
+    let appended = AtomicU64::new(0);
+    thread::scope(|s| {
+        let writer = s.spawn(|| {
+            let start = Instant::now();
+            while !stop.load(Ordering::Relaxed) {
+                let mut w = store.open();
+                for _ in 0..256 {
+                    store.append(&mut w, payload);
+                }
+                store.close(w);
+                appended.fetch_add(256, Ordering::Relaxed);
+            }
+            start.elapsed()
+        });
+        let r = f();
+        stop.store(true, Ordering::Relaxed);
+        let elapsed = writer.join().expect("background writer panicked");
+        (
+            r,
+            appended.load(Ordering::Relaxed) as f64 / elapsed.as_secs_f64(),
+        )
+    })
+}

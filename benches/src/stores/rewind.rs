@@ -1,0 +1,120 @@
+//! Rewind, through its public API only.
+
+use std::hint::black_box;
+
+use rewind_engine::{Config, Engine, ResumeAction, ResumeRequest, SessionHandle};
+
+use crate::{AppendStore, ReplayStore};
+
+/// The engine behind the bench traits. A writer is a `SessionHandle` and a
+/// stream; a cursor is what a client sends — the session id and
+/// `Last-Event-ID` header strings — so replay and resume pay for parsing,
+/// lookup, classification and the native policy's decision.
+#[derive(Debug)]
+pub struct RewindStore {
+    engine: Engine,
+}
+
+/// A writer on one stream of one Rewind session.
+#[derive(Debug, Clone)]
+pub struct RewindWriter {
+    handle: SessionHandle,
+    stream: u32,
+}
+
+/// The headers a reconnecting client presents.
+#[derive(Debug, Clone)]
+pub struct RewindCursor {
+    session_id: String,
+    last_event_id: String,
+}
+
+impl RewindStore {
+    /// An engine whose sessions hold `ring_slots` events and `session_bytes`
+    /// of payload each, with a global budget no bench reaches.
+    pub fn new(ring_slots: usize, session_bytes: usize) -> RewindStore {
+        let mut config = Config::default();
+        config.ring_slots = ring_slots;
+        config.session_bytes = session_bytes;
+        config.global_bytes = 1 << 40;
+        RewindStore {
+            engine: Engine::new(config).expect("bench config is valid"),
+        }
+    }
+
+    /// The engine.
+    pub fn engine(&self) -> &Engine {
+        &self.engine
+    }
+
+    fn request<'a>(cursor: &'a RewindCursor) -> ResumeRequest<'a> {
+        ResumeRequest {
+            session_id: Some(&cursor.session_id),
+            last_event_id: Some(&cursor.last_event_id),
+            principal: None,
+        }
+    }
+}
+
+impl Default for RewindStore {
+    /// Sessions of 64 events and 8 KiB, as in the replay group.
+    fn default() -> Self {
+        RewindStore::new(64, 8 * 1024)
+    }
+}
+
+impl AppendStore for RewindStore {
+    type Writer = RewindWriter;
+    const NAME: &'static str = "Rewind";
+
+    fn open(&self) -> RewindWriter {
+        let handle = self
+            .engine
+            .open(None)
+            .expect("global budget is unreachable");
+        let stream = handle.new_stream().expect("fresh session has streams");
+        RewindWriter { handle, stream }
+    }
+
+    #[inline]
+    fn append(&self, w: &mut RewindWriter, payload: &[u8]) {
+        black_box(w.handle.append(w.stream, payload).expect("append"));
+    }
+}
+
+impl ReplayStore for RewindStore {
+    type Cursor = RewindCursor;
+
+    fn append_for_cursor(&self, w: &mut RewindWriter, payload: &[u8]) -> RewindCursor {
+        let id = w.handle.append(w.stream, payload).expect("append");
+        RewindCursor {
+            session_id: w.handle.id().to_string(),
+            last_event_id: id.to_string(),
+        }
+    }
+
+    fn close(&self, w: RewindWriter) {
+        w.handle.close();
+    }
+
+    fn replay_after(&self, cursor: &RewindCursor, buf: &mut Vec<u8>) -> usize {
+        let ResumeAction::Replay(mut replay) = self.engine.resume(Self::request(cursor)).action
+        else {
+            return 0;
+        };
+        let mut n = 0;
+        while let Ok(Some(id)) = replay.next_into(buf) {
+            black_box((id, &*buf));
+            n += 1;
+        }
+        n
+    }
+
+    fn resume_first(&self, cursor: &RewindCursor, buf: &mut Vec<u8>) -> bool {
+        let ResumeAction::Replay(mut replay) = self.engine.resume(Self::request(cursor)).action
+        else {
+            return false;
+        };
+        matches!(replay.next_into(buf), Ok(Some(id)) if { black_box((id, &*buf)); true })
+    }
+}
