@@ -144,7 +144,7 @@ impl Engine {
                 registry: Registry::new(),
                 metrics: Metrics::new(),
                 policy,
-                clock_origin: coarsetime::Instant::now(),
+                clock_origin: coarsetime::Instant::now_without_cache_update(),
                 ring_bytes,
                 config,
             }),
@@ -231,10 +231,12 @@ impl Engine {
 impl Shared {
     /// Milliseconds since the engine started, from a coarse clock (a few ns
     /// to read, ~1–4 ms resolution): fine for TTLs and ages, cheap enough
-    /// for every append.
+    /// for every append. `now_without_cache_update`: plain `now()` also
+    /// stores into a process-wide atomic, which would make every append on
+    /// every core write one shared cache line.
     #[inline]
     pub(crate) fn now_ms(&self) -> u64 {
-        coarsetime::Instant::now()
+        coarsetime::Instant::now_without_cache_update()
             .duration_since(self.clock_origin)
             .as_millis()
     }

@@ -124,6 +124,14 @@ impl Metrics {
         self.stripes[my_stripe()][c as usize].fetch_add(n, Ordering::Relaxed);
     }
 
+    /// Adds 1 to `count` and `n` to `sum`, with one stripe lookup.
+    #[inline]
+    pub(crate) fn add_pair(&self, count: Counter, sum: Counter, n: u64) {
+        let stripe = &self.stripes[my_stripe()];
+        stripe[count as usize].fetch_add(1, Ordering::Relaxed);
+        stripe[sum as usize].fetch_add(n, Ordering::Relaxed);
+    }
+
     #[inline]
     pub(crate) fn verdict(&self, v: Verdict, fault: Option<PolicyFault>) {
         let stripe = &self.stripes[my_stripe()];

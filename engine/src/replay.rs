@@ -114,10 +114,11 @@ impl Replay {
                 SlotRead::Event(meta) => {
                     self.next_seq = seq + 1;
                     self.position = seq;
-                    self.shared.metrics.add(Counter::EventsReplayed, 1);
-                    self.shared
-                        .metrics
-                        .add(Counter::ReplayedBytes, meta.len as u64);
+                    self.shared.metrics.add_pair(
+                        Counter::EventsReplayed,
+                        Counter::ReplayedBytes,
+                        meta.len as u64,
+                    );
                     return Ok(Some(self.session.event_id(self.stream, seq)));
                 }
                 SlotRead::OtherStream(_) => self.next_seq = seq + 1,

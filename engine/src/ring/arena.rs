@@ -119,26 +119,36 @@ impl<'a> Arena<'a> {
         self.chunk(position).fetch_sub(1, Ordering::Release);
     }
 
-    fn word(&self, logical_word: u64) -> &'a AtomicU64 {
-        &self.words[(logical_word & self.layout.arena_word_mask) as usize]
+    /// The arena words holding `count` words from a logical word on, as
+    /// at most two contiguous runs (the second after wrapping to the start).
+    /// Slicing once keeps bounds checks out of the copy loops.
+    fn runs(&self, logical_word: u64, count: usize) -> (&'a [AtomicU64], &'a [AtomicU64]) {
+        let start = (logical_word & self.layout.arena_word_mask) as usize;
+        let first = count.min(self.words.len() - start);
+        (
+            &self.words[start..start + first],
+            &self.words[..count - first],
+        )
     }
 
     /// Copies `payload` to the logical offset, wrapping at the arena's end;
     /// the last word is zero padded. Relaxed: ordered by the caller's fences.
     pub(super) fn write(&self, offset: u64, payload: &[u8]) {
-        let mut logical_word = offset / WORD_BYTES as u64;
+        let (first, second) = self.runs(
+            offset / WORD_BYTES as u64,
+            payload.len().div_ceil(WORD_BYTES),
+        );
         let mut whole = payload.chunks_exact(WORD_BYTES);
-        for bytes in &mut whole {
+        let mut words = first.iter().chain(second);
+        for (bytes, word) in (&mut whole).zip(&mut words) {
             let value = u64::from_le_bytes(bytes.try_into().expect("exact chunk"));
-            self.word(logical_word).store(value, Ordering::Relaxed);
-            logical_word += 1;
+            word.store(value, Ordering::Relaxed);
         }
         let tail = whole.remainder();
-        if !tail.is_empty() {
+        if let Some(word) = words.next() {
             let mut last = [0u8; WORD_BYTES];
             last[..tail.len()].copy_from_slice(tail);
-            self.word(logical_word)
-                .store(u64::from_le_bytes(last), Ordering::Relaxed);
+            word.store(u64::from_le_bytes(last), Ordering::Relaxed);
         }
     }
 
@@ -147,39 +157,26 @@ impl<'a> Arena<'a> {
     pub(super) fn read(&self, offset: u64, len: usize, buf: &mut Vec<u8>) {
         buf.clear();
         buf.resize(len, 0);
-        let mut logical_word = offset / WORD_BYTES as u64;
-        let mut whole = buf.chunks_exact_mut(WORD_BYTES);
-        for bytes in &mut whole {
-            bytes.copy_from_slice(
-                &self
-                    .word(logical_word)
-                    .load(Ordering::Relaxed)
-                    .to_le_bytes(),
-            );
-            logical_word += 1;
-        }
-        let tail = whole.into_remainder();
-        if !tail.is_empty() {
-            let last = self
-                .word(logical_word)
-                .load(Ordering::Relaxed)
-                .to_le_bytes();
-            let n = tail.len();
-            tail.copy_from_slice(&last[..n]);
-        }
+        let (first, second) = self.runs(offset / WORD_BYTES as u64, len.div_ceil(WORD_BYTES));
+        let split = (first.len() * WORD_BYTES).min(len);
+        let (head, rest) = buf.split_at_mut(split);
+        copy_out(first, head);
+        copy_out(second, rest);
     }
 }
 
-#[cfg(all(test, not(loom)))]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn laps_compare_with_wrapping() {
-        assert_eq!(compare_laps(5, 5), Cmp::Equal);
-        assert_eq!(compare_laps(6, 5), Cmp::Greater);
-        assert_eq!(compare_laps(4, 5), Cmp::Less);
-        assert_eq!(compare_laps(0, LAP_MASK), Cmp::Greater);
-        assert_eq!(compare_laps(LAP_MASK, 0), Cmp::Less);
+/// Copies words into `dst` (`dst.len()` ≤ 8 × `src.len()`), the last one
+/// possibly partially.
+#[inline]
+fn copy_out(src: &[AtomicU64], dst: &mut [u8]) {
+    let mut whole = dst.chunks_exact_mut(WORD_BYTES);
+    for (bytes, word) in (&mut whole).zip(src) {
+        bytes.copy_from_slice(&word.load(Ordering::Relaxed).to_le_bytes());
+    }
+    let tail = whole.into_remainder();
+    if !tail.is_empty() {
+        let last = src[src.len() - 1].load(Ordering::Relaxed).to_le_bytes();
+        let n = tail.len();
+        tail.copy_from_slice(&last[..n]);
     }
 }
