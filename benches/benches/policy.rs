@@ -110,8 +110,12 @@ fn latency_during_swaps() {
             let mut swaps = 0u32;
             let began = Instant::now();
             while !stop.load(Ordering::Relaxed) {
-                host.swap(if swaps.is_multiple_of(2) { &strict } else { &default })
-                    .expect("valid");
+                host.swap(if swaps.is_multiple_of(2) {
+                    &strict
+                } else {
+                    &default
+                })
+                .expect("valid");
                 swaps += 1;
                 let due = began + Duration::from_millis(10) * swaps;
                 thread::sleep(due.saturating_duration_since(Instant::now()));

@@ -85,7 +85,11 @@ fn swapping_100_times_a_second_under_load_loses_no_decision() {
     let mut swaps = 0u64;
     let mut worst_swap = Duration::ZERO;
     while began.elapsed() < RUN {
-        let next = if swaps.is_multiple_of(2) { &strict } else { &default };
+        let next = if swaps.is_multiple_of(2) {
+            &strict
+        } else {
+            &default
+        };
         let t = Instant::now();
         let generation = host.swap(next).unwrap();
         worst_swap = worst_swap.max(t.elapsed());

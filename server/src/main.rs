@@ -1,18 +1,47 @@
 //! `rewind`: the Rewind program.
 //!
-//! The MCP server (`rewind serve`) is not built yet; until it is, running the
-//! program walks the engine through every row of the design's decision
-//! table on its embedded defaults and prints what it did.
+//! `rewind` (or `rewind serve`) runs the MCP server with Rewind's resumption
+//! and its admin surface; `rewind policy check|push|status|rollback` checks
+//! and operates policy plugins; `rewind demo` walks an in-process engine
+//! through the decision table. See `rewind --help`.
 
+mod demo;
+
+use std::future::IntoFuture as _;
+use std::io::Write as _;
+use std::net::SocketAddr;
 use std::process::ExitCode;
-
 use std::sync::Arc;
+use std::time::Duration;
 
-use rewind_engine::policy::wasm::PolicyHost;
-use rewind_engine::{Config, Engine, EventId, ResumeAction, ResumeRequest, SessionId};
+use clap::{ArgMatches, CommandFactory, FromArgMatches};
+use rewind_engine::policy::wasm::{HostError, PolicyHost, PolicyHostConfig};
+use rewind_engine::Engine;
+use rewind_server::admin::{self, AdminState};
+use rewind_server::cli::{self, Cli, Command};
+use rewind_server::mcp::{self, HostPolicy, McpOptions};
+use rewind_server::metrics::ServerMetrics;
+use rewind_server::settings::{ServeArgs, Settings};
+use rewind_server::tools::ReferenceServer;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+/// How long open streams get to end after a shutdown signal.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 
 fn main() -> ExitCode {
-    match demo() {
+    let matches = Cli::command().get_matches();
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    let result = match cli.command {
+        None => serve(&cli.serve, &matches),
+        Some(Command::Serve(args)) => serve(
+            &args,
+            matches.subcommand_matches("serve").unwrap_or(&matches),
+        ),
+        Some(Command::Policy(command)) => cli::run_policy(command).map_err(Into::into),
+        Some(Command::Demo) => demo::run(),
+    };
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("rewind: {e}");
@@ -21,128 +50,190 @@ fn main() -> ExitCode {
     }
 }
 
-fn demo() -> Result<(), Box<dyn std::error::Error>> {
-    let mut config = Config::default();
-    config.ring_slots = 16;
-    // The embedded default policy, compiled to wasm32 by the build and run
-    // in the sandbox (fuel, deadline, memory cap) on every decision.
-    let host = PolicyHost::with_default_policy()?;
-    let engine = Engine::with_policy(config, Arc::new(host))?;
-    println!(
-        "rewind demo: engine with policy {}, {}",
-        engine.policy().name(),
-        describe(&engine)
-    );
+type BoxError = Box<dyn std::error::Error>;
 
-    let alice = engine.open(None)?;
-    let bob = engine.open(None)?;
-    let tool = alice.new_stream().ok_or("out of streams")?;
-    let mut alice_ids = Vec::new();
-    for i in 1..=5 {
-        alice_ids.push(alice.append(tool, format!("alice progress {i}/5").as_bytes())?);
-    }
-    bob.append(0, b"bob notification")?;
-    println!(
-        "opened sessions alice and bob; alice's tool stream {tool} has 5 events, last id {}",
-        alice_ids[4]
-    );
+fn serve(args: &ServeArgs, matches: &ArgMatches) -> Result<(), BoxError> {
+    let settings = Settings::resolve(args, Some(matches))?;
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
 
-    let (a, b) = (alice.id().to_string(), bob.id().to_string());
-    let forged = EventId {
-        seq: alice_ids[4].seq + 10,
-        ..alice_ids[4]
-    }
-    .to_string();
-    let stale = alice_ids[1].to_string();
-    let gone = SessionId::generate().to_string();
-    let rows: Vec<(&str, Option<&str>, Option<&str>)> = vec![
-        ("alice, no cursor", Some(&a), None),
-        ("alice, malformed cursor", Some(&a), Some("evt-4471")),
-        ("bob presents alice's cursor", Some(&b), Some(&stale)),
-        ("alice, cursor beyond high water", Some(&a), Some(&forged)),
-        ("alice, her own cursor (in window)", Some(&a), Some(&stale)),
-        ("unknown session", Some(&gone), Some(&stale)),
-        ("no session id", None, Some(&stale)),
-    ];
-    println!(
-        "\n{:<36} {:<14} {:<14} {:<11} answer",
-        "request", "session", "cursor", "verdict"
-    );
-    for (label, session_id, last_event_id) in rows {
-        let d = engine.resume(ResumeRequest {
-            session_id,
-            last_event_id,
-            principal: None,
-        });
-        let answer = match d.action {
-            ResumeAction::Replay(mut replay) => {
-                let mut buf = Vec::new();
-                let mut events = Vec::new();
-                while let Some(_id) = replay.next_into(&mut buf)? {
-                    events.push(String::from_utf8_lossy(&buf).into_owned());
-                }
-                format!("200, replays {events:?}")
-            }
-            ResumeAction::Fresh {
-                signal: Some(s), ..
-            } => format!("200, first event `{}`", s.kind.event_name()),
-            ResumeAction::Fresh { signal: None, .. } => "200, fresh stream".to_owned(),
-            ResumeAction::Reject(r) => format!("{} ({})", r.http_status(), r.reason),
-        };
-        println!(
-            "{label:<36} {:<14} {:<14} {:<11} {answer}",
-            format!("{:?}", d.facts.session_fact().expect("known")),
-            format!("{:?}", d.facts.cursor_fact().expect("known")),
-            format!("{:?}", d.verdict),
+    let host = Arc::new(match &settings.policy {
+        None => PolicyHost::with_default_policy()?,
+        Some(path) => {
+            let wasm = std::fs::read(path)
+                .map_err(|e| format!("cannot read policy {}: {e}", path.display()))?;
+            let name = path
+                .file_stem()
+                .map_or_else(|| "policy".into(), |s| s.to_string_lossy());
+            PolicyHost::with_policy(PolicyHostConfig::default(), &name, &wasm).map_err(|e| {
+                let why = match e {
+                    HostError::Validation(report) => {
+                        let mut why = admin::describe_report(&report);
+                        for failure in &report.failures {
+                            why.push_str("\n  - ");
+                            why.push_str(&admin::describe_failure(failure));
+                        }
+                        why
+                    }
+                    other => other.to_string(),
+                };
+                format!("policy {}: {why}", path.display())
+            })?
+        }
+    });
+    let engine = Engine::with_policy(settings.engine.clone(), Arc::clone(&host) as _)?;
+    let metrics = Arc::new(ServerMetrics::new());
+    let (token, token_configured) = match &settings.admin_token {
+        Some(t) => (t.clone(), true),
+        None => (admin::generate_token()?, false),
+    };
+
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(async move {
+        let mcp_listener = bind(settings.listen, "the MCP endpoint", "--listen", "REWIND_LISTEN").await?;
+        let admin_listener = bind(
+            settings.admin_listen,
+            "the admin surface",
+            "--admin-listen",
+            "REWIND_ADMIN_LISTEN",
+        )
+        .await?;
+        let mcp_addr = mcp_listener.local_addr()?;
+        let admin_addr = admin_listener.local_addr()?;
+        if !settings.admin_listen.ip().is_loopback() {
+            tracing::warn!(%admin_addr, "the admin surface listens on a non-loopback address");
+        }
+
+        let shutdown = CancellationToken::new();
+        let mcp_app = mcp_router(
+            engine.clone(),
+            Arc::clone(&metrics),
+            mcp_addr,
+            shutdown.clone(),
         );
-    }
+        let admin_app = admin::router(AdminState::new(
+            engine.clone(),
+            Arc::clone(&host),
+            Arc::clone(&metrics),
+            token.clone(),
+        ));
 
-    // The older-epoch and gap rows need history: a new incarnation of
-    // alice's session, and a ring that wrapped past a cursor.
-    let alice2 = engine.reopen(alice.id(), None)?;
-    let d = engine.resume(ResumeRequest {
-        session_id: Some(&a),
-        last_event_id: Some(&stale),
-        principal: None,
-    });
-    println!(
-        "alice re-initialised (epoch {} -> {}), old cursor: {:?}",
-        alice.epoch(),
-        alice2.epoch(),
-        d.verdict
-    );
-    let first = alice2.append(0, b"e0")?;
-    for i in 1..40 {
-        alice2.append(0, format!("e{i}").as_bytes())?;
-    }
-    let cursor = first.to_string();
-    let d = engine.resume(ResumeRequest {
-        session_id: Some(&a),
-        last_event_id: Some(&cursor),
-        principal: None,
-    });
-    println!("alice's ring wrapped past her cursor: {:?}", d.verdict);
+        let mut out = std::io::stdout().lock();
+        writeln!(out, "rewind: MCP endpoint   http://{mcp_addr}/mcp")?;
+        writeln!(
+            out,
+            "rewind: admin surface  http://{admin_addr} (GET /metrics, GET|POST /policy, POST /policy/rollback)"
+        )?;
+        if token_configured {
+            writeln!(out, "rewind: admin token    (configured)")?;
+        } else {
+            writeln!(out, "rewind: admin token    {token}")?;
+        }
+        writeln!(
+            out,
+            "rewind: policy `{}` (generation {}); {}",
+            host.live_name(),
+            host.live_generation(),
+            demo::describe(&engine)
+        )?;
+        out.flush()?;
+        drop(out);
 
-    let m = engine.metrics();
-    println!(
-        "\nmetrics: {} appends, {} events replayed, {} resumes ({} policy faults), {} sessions live, {} bytes held",
-        m.appends,
-        m.events_replayed,
-        m.resumes,
-        m.policy_faults.iter().sum::<u64>(),
-        m.sessions_live,
-        m.bytes_held
-    );
-    Ok(())
+        let mcp_server = tokio::spawn(
+            axum::serve(mcp_listener, mcp_app)
+                .with_graceful_shutdown(shutdown.clone().cancelled_owned())
+                .into_future(),
+        );
+        let admin_server = tokio::spawn(
+            axum::serve(admin_listener, admin_app)
+                .with_graceful_shutdown(shutdown.clone().cancelled_owned())
+                .into_future(),
+        );
+        tokio::spawn(cancel_on_signal(shutdown.clone()));
+
+        shutdown.cancelled().await;
+        tracing::info!("shutting down: ending streams");
+        let ended = tokio::time::timeout(SHUTDOWN_GRACE, async {
+            let _ = tokio::join!(mcp_server, admin_server);
+        })
+        .await;
+        if ended.is_err() {
+            tracing::warn!(
+                "some connections did not end within {} s; exiting anyway",
+                SHUTDOWN_GRACE.as_secs()
+            );
+        }
+        println!("rewind: stopped");
+        Ok::<(), BoxError>(())
+    })
 }
 
-fn describe(engine: &Engine) -> String {
-    let c = engine.config();
-    format!(
-        "{} slots and {} KiB per session, {} MiB global budget, idle TTL {} s",
-        c.ring_slots,
-        c.session_bytes / 1024,
-        c.global_bytes >> 20,
-        c.idle_ttl.as_secs()
-    )
+/// Binds `addr`, turning the usual failures into a sentence that says what
+/// to change.
+async fn bind(
+    addr: SocketAddr,
+    what: &str,
+    flag: &str,
+    env: &str,
+) -> Result<TcpListener, BoxError> {
+    TcpListener::bind(addr).await.map_err(|e| {
+        let hint = match e.kind() {
+            std::io::ErrorKind::AddrInUse => format!(
+                "address already in use (is another server running there?); choose another \
+                 address with {flag} or {env}"
+            ),
+            std::io::ErrorKind::PermissionDenied => format!(
+                "permission denied (ports below 1024 need privileges); choose another with \
+                 {flag} or {env}"
+            ),
+            _ => e.to_string(),
+        };
+        format!("cannot listen on {addr} for {what}: {hint}").into()
+    })
+}
+
+/// The MCP Streamable HTTP endpoint at `/mcp`, serving the reference
+/// tools. Its own sweeper ends idle sessions (engine and rmcp service)
+/// every second; `shutdown` ends every stream.
+fn mcp_router(
+    engine: Engine,
+    metrics: Arc<ServerMetrics>,
+    listen: SocketAddr,
+    shutdown: CancellationToken,
+) -> axum::Router {
+    let mut options = McpOptions::default();
+    options.hosts = HostPolicy::for_listen_addr(listen);
+    options.shutdown = shutdown;
+    options.sweep_interval = Some(Duration::from_secs(1));
+    mcp::router(engine, metrics, options, ReferenceServer::new)
+}
+
+async fn cancel_on_signal(shutdown: CancellationToken) {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = tokio::signal::ctrl_c() => {}
+                    _ = term.recv() => {}
+                }
+            }
+            Err(e) => {
+                tracing::warn!("cannot watch SIGTERM ({e}); only Ctrl-C stops the server");
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = tokio::signal::ctrl_c().await;
+    shutdown.cancel();
 }

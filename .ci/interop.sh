@@ -1,0 +1,182 @@
+#!/usr/bin/env bash
+# External-client tests of `rewind serve`:
+#   1. the official MCP conformance suite (@modelcontextprotocol/conformance,
+#      pinned; 0.1.13 is the last one that runs on Node 20), one run per scenario;
+#   2. interop with the official TypeScript SDK client (tests/interop/*.mjs):
+#      resume after a cut, tenant boundary over plain HTTP, server restart.
+#
+# Prints one line per step (PASS|FAIL NAME: ...) and ends with exactly
+# `N passed, M failed`; exits non-zero on any failure. Every step is bounded.
+#
+# Environment:
+#   REWIND_BIN=path       use this binary instead of building target/debug/rewind
+#   INTEROP_KEEP=1        keep the work directory (logs, suite results) on exit
+#   INTEROP_SCENARIOS="a b"  run only these conformance scenarios
+set -uo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+T0=$(date +%s)
+
+CONFORMANCE="@modelcontextprotocol/conformance@0.1.13"
+SCENARIOS=(server-initialize ping tools-list tools-call-simple-text tools-call-with-logging
+    tools-call-with-progress tools-call-error logging-set-level server-sse-polling
+    server-sse-multiple-streams dns-rebinding-protection)
+if [ -n "${INTEROP_SCENARIOS:-}" ]; then read -r -a SCENARIOS <<<"$INTEROP_SCENARIOS"; fi
+
+export NO_COLOR=1 npm_config_update_notifier=false npm_config_fund=false npm_config_audit=false
+
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/rewind-interop.XXXXXX")
+SERVER_PID=""
+PASSED=0
+FAILED=0
+
+stop_server() {
+    if [ -n "$SERVER_PID" ] && kill -0 "$SERVER_PID" 2>/dev/null; then
+        kill -TERM "$SERVER_PID" 2>/dev/null
+        for _ in $(seq 1 50); do kill -0 "$SERVER_PID" 2>/dev/null || break; sleep 0.1; done
+        kill -KILL "$SERVER_PID" 2>/dev/null
+        wait "$SERVER_PID" 2>/dev/null
+    fi
+    SERVER_PID=""
+}
+cleanup() {
+    stop_server
+    if [ -n "${INTEROP_KEEP:-}" ]; then echo "interop: logs kept in $WORK"; else rm -rf "$WORK"; fi
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+step() { printf '\n=== %s\n' "$*"; }
+pass() { PASSED=$((PASSED + 1)); echo "PASS $*"; }
+fail() { FAILED=$((FAILED + 1)); echo "FAIL $*"; }
+finish() {
+    echo
+    echo "interop: total time $(($(date +%s) - T0)) s"
+    echo "$PASSED passed, $FAILED failed"
+    [ "$FAILED" -eq 0 ] && [ "$PASSED" -gt 0 ]
+    exit $?
+}
+# Indented tail of a log, for failures.
+show() { echo "    --- last lines of $1:"; tail -n "${2:-40}" "$1" | sed -e 's/\x1b\[[0-9;]*m//g' -e 's/^/    | /'; }
+
+# Free loopback ports, chosen by the kernel (released just before use).
+free_ports() {
+    node -e '
+        const net = require("net"); const n = +process.argv[1]; const ss = []; const ports = [];
+        const next = () => { if (ports.length === n) { ss.forEach(s => s.close()); console.log(ports.join(" ")); return; }
+            const s = net.createServer(); ss.push(s);
+            s.listen(0, "127.0.0.1", () => { ports.push(s.address().port); next(); }); };
+        next();' "$1"
+}
+
+wait_port() { # PORT PID SECONDS
+    local i
+    for i in $(seq 1 $(($3 * 10))); do
+        if ! kill -0 "$2" 2>/dev/null; then return 2; fi
+        if (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; then return 0; fi
+        sleep 0.1
+    done
+    return 1
+}
+
+# --- the binary ----------------------------------------------------------------
+step "build rewind (cargo build -p rewind-server --bin rewind)"
+if [ -n "${REWIND_BIN:-}" ]; then
+    BIN=$REWIND_BIN
+    echo "using REWIND_BIN=$BIN"
+else
+    BIN=$ROOT/target/debug/rewind
+    if ! timeout 2400 cargo build -p rewind-server --bin rewind >"$WORK/build.log" 2>&1; then
+        fail "build: cargo build -p rewind-server --bin rewind failed or timed out"
+        show "$WORK/build.log"
+        finish
+    fi
+fi
+if ! timeout 20 "$BIN" serve --help >"$WORK/serve-help.log" 2>&1; then
+    fail "build: '$BIN serve --help' does not work (no serve command yet?)"
+    show "$WORK/serve-help.log" 20
+    finish
+fi
+
+# --- the server under test -------------------------------------------------------
+read -r PORT ADMIN_PORT RPORT RADMIN_PORT <<<"$(free_ports 4)"
+URL="http://127.0.0.1:$PORT/mcp"
+step "start: rewind serve --listen 127.0.0.1:$PORT --admin-listen 127.0.0.1:$ADMIN_PORT"
+"$BIN" serve --listen "127.0.0.1:$PORT" --admin-listen "127.0.0.1:$ADMIN_PORT" >"$WORK/server.log" 2>&1 &
+SERVER_PID=$!
+wait_port "$PORT" "$SERVER_PID" 60
+case $? in
+0) echo "server up (pid $SERVER_PID) at $URL" ;;
+2) fail "server: rewind serve exited during start"; show "$WORK/server.log"; finish ;;
+*) fail "server: port $PORT not open after 60 s"; show "$WORK/server.log"; finish ;;
+esac
+grep -q "$URL" "$WORK/server.log" || echo "note: the server did not print $URL (yet)"
+
+# --- 1. the conformance suite ----------------------------------------------------
+step "conformance suite $CONFORMANCE against $URL"
+if ! timeout 300 npx -y "$CONFORMANCE" --version >"$WORK/npx.log" 2>&1; then
+    fail "conformance: could not fetch/run $CONFORMANCE with npx"
+    show "$WORK/npx.log" 20
+else
+    for s in "${SCENARIOS[@]}"; do
+        timeout 180 npx -y "$CONFORMANCE" server --url "$URL" --scenario "$s" -o "$WORK/conformance/$s" \
+            >"$WORK/conformance-$s.log" 2>&1
+        rc=$?
+        node tests/interop/conformance-summary.mjs "$s" "$WORK/conformance/$s" "$rc"
+        case $? in
+        0) PASSED=$((PASSED + 1)) ;;
+        1) FAILED=$((FAILED + 1)) ;;
+        *)
+            FAILED=$((FAILED + 1))
+            [ "$rc" -eq 124 ] && echo "    (timed out after 180 s)"
+            show "$WORK/conformance-$s.log" 25
+            ;;
+        esac
+        if ! kill -0 "$SERVER_PID" 2>/dev/null; then
+            fail "server: rewind serve died during scenario $s"
+            show "$WORK/server.log"
+            finish
+        fi
+    done
+fi
+
+# --- 2. interop with the TypeScript SDK client -----------------------------------
+step "npm ci (tests/interop)"
+if ! (cd tests/interop && timeout 300 npm ci --no-audit --no-fund) >"$WORK/npm-ci.log" 2>&1; then
+    fail "npm ci in tests/interop failed or timed out (is the npm registry reachable?)"
+    show "$WORK/npm-ci.log" 30
+    finish
+fi
+echo "npm ci done ($(node -p 'require("./tests/interop/node_modules/@modelcontextprotocol/sdk/package.json").version' 2>/dev/null || echo '?'))"
+
+run_script() { # NAME SECONDS ARGS...
+    local name=$1 secs=$2
+    shift 2
+    step "interop: $name"
+    (cd tests/interop && timeout "$secs" node "$name.mjs" "$@") 2>&1 | tee "$WORK/$name.log"
+    local rc=${PIPESTATUS[0]}
+    local summary
+    summary=$(grep -E "^$name: [0-9]+ passed, [0-9]+ failed" "$WORK/$name.log" | tail -n1)
+    if [ "$rc" -eq 0 ]; then
+        pass "$name ($summary)"
+    else
+        fail "$name (${summary:-exit $rc}$([ "$rc" -eq 124 ] && echo ", timed out after $secs s"))"
+    fi
+}
+
+run_script resume 150 --url "$URL" --count 20 --interval-ms 50 --cut-after 5
+run_script foreign-cursor 90 --url "$URL"
+
+if kill -0 "$SERVER_PID" 2>/dev/null; then
+    pass "server: still running after the suite and the interop scripts"
+else
+    fail "server: rewind serve is no longer running"
+    show "$WORK/server.log"
+fi
+stop_server
+
+# The restart test runs its own server (twice, on the same port).
+run_script restart 240 --url "http://127.0.0.1:$RPORT/mcp" \
+    --server-cmd "$BIN serve --listen 127.0.0.1:$RPORT --admin-listen 127.0.0.1:$RADMIN_PORT"
+
+finish

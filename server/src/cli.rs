@@ -1,0 +1,382 @@
+//! The `rewind` command line: its arguments, and the `policy` commands
+//! (`check` offline; `push`, `status`, `rollback` against a running
+//! server's admin surface).
+//!
+//! `rewind` with no subcommand is `rewind serve`; the serve flags are
+//! accepted at the top level too, so `rewind --listen 127.0.0.1:9000` works.
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use clap::{Parser, Subcommand};
+use rewind_engine::policy::wasm::{vectors, PolicyHost};
+use rewind_engine::policy::{clamp, Policy};
+use rewind_engine::{PolicyFault, Verdict};
+use serde_json::Value;
+
+use crate::admin::{describe_failure, describe_report};
+use crate::settings::ServeArgs;
+
+/// Where `policy push/status/rollback` find the admin surface by default.
+pub const DEFAULT_ADMIN_URL: &str = "http://127.0.0.1:8081";
+
+/// Rewind: session-safe SSE resumption for MCP Streamable HTTP servers.
+#[derive(Debug, Parser)]
+#[command(name = "rewind", version, args_conflicts_with_subcommands = true)]
+pub struct Cli {
+    /// What to do (default: `serve`).
+    #[command(subcommand)]
+    pub command: Option<Command>,
+    /// Flags of `serve`, when no subcommand is given.
+    #[command(flatten)]
+    pub serve: ServeArgs,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the MCP server (Streamable HTTP at /mcp) and its admin surface
+    Serve(ServeArgs),
+    /// Check a policy plugin offline, or control the policy of a running server
+    #[command(subcommand)]
+    Policy(PolicyCommand),
+    /// Walk an in-process engine through the decision table and print what it did
+    Demo,
+}
+
+/// `rewind policy ...`
+#[derive(Debug, Subcommand)]
+pub enum PolicyCommand {
+    /// Validate a plugin and print its verdict for every row of the decision table
+    Check {
+        /// The plugin
+        #[arg(value_name = "FILE.wasm")]
+        file: PathBuf,
+    },
+    /// Upload a plugin to a running server, which validates it and swaps it in
+    Push {
+        /// The plugin
+        #[arg(value_name = "FILE.wasm")]
+        file: PathBuf,
+        /// Name of the policy [default: the file's stem]
+        #[arg(long)]
+        name: Option<String>,
+        /// The server's admin surface.
+        #[command(flatten)]
+        admin: AdminArgs,
+    },
+    /// Show the live policy generation of a running server and its history
+    Status {
+        /// The server's admin surface.
+        #[command(flatten)]
+        admin: AdminArgs,
+    },
+    /// Put the previous good policy generation of a running server back
+    Rollback {
+        /// The server's admin surface.
+        #[command(flatten)]
+        admin: AdminArgs,
+    },
+}
+
+/// How to reach a running server's admin surface.
+#[derive(Debug, Clone, clap::Args)]
+pub struct AdminArgs {
+    /// Base URL of the admin surface
+    #[arg(long, env = "REWIND_ADMIN_URL", default_value = DEFAULT_ADMIN_URL)]
+    pub admin: String,
+    /// Bearer token of the admin surface (printed by `rewind serve` at start)
+    #[arg(long, env = "REWIND_ADMIN_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+}
+
+/// A failed command: the message to print, already worded for the operator.
+#[derive(Debug)]
+pub struct CommandError(pub String);
+
+impl std::fmt::Display for CommandError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for CommandError {}
+
+/// Runs a `policy` subcommand, printing its result on stdout.
+pub fn run_policy(command: PolicyCommand) -> Result<(), CommandError> {
+    match command {
+        PolicyCommand::Check { file } => {
+            let (table, outcome) = check(&file)?;
+            print!("{table}");
+            outcome
+        }
+        PolicyCommand::Push { file, name, admin } => {
+            let name = match name {
+                Some(n) => n,
+                None => file
+                    .file_stem()
+                    .map(|s| s.to_string_lossy().into_owned())
+                    .unwrap_or_else(|| "uploaded".to_owned()),
+            };
+            let wasm = std::fs::read(&file)
+                .map_err(|e| CommandError(format!("cannot read {}: {e}", file.display())))?;
+            let url = format!(
+                "{}/policy?name={}",
+                admin.admin.trim_end_matches('/'),
+                percent_encode(&name)
+            );
+            let body = admin_request(&admin, reqwest::Method::POST, url, wasm)?;
+            println!("{}", message_of(&body));
+            Ok(())
+        }
+        PolicyCommand::Status { admin } => {
+            let url = format!("{}/policy", admin.admin.trim_end_matches('/'));
+            let body = admin_request(&admin, reqwest::Method::GET, url, Vec::new())?;
+            print!("{}", status_table(&body));
+            Ok(())
+        }
+        PolicyCommand::Rollback { admin } => {
+            let url = format!("{}/policy/rollback", admin.admin.trim_end_matches('/'));
+            let body = admin_request(&admin, reqwest::Method::POST, url, Vec::new())?;
+            println!("{}", message_of(&body));
+            Ok(())
+        }
+    }
+}
+
+/// A short name for a verdict and the answer it becomes over MCP HTTP.
+pub fn verdict_answer(v: Verdict) -> &'static str {
+    match v {
+        Verdict::Resume => "resume (200, replay)",
+        Verdict::Fresh => "fresh (200)",
+        Verdict::FreshReset => "fresh (200, `reset`)",
+        Verdict::FreshGap => "fresh (200, `gap`)",
+        Verdict::BadRequest => "reject (400)",
+        Verdict::Conflict => "reject (409)",
+        Verdict::Gone => "gone (404)",
+        _ => "unknown",
+    }
+}
+
+/// `rewind policy check`: loads the plugin in a sandbox of its own,
+/// validates it, and tabulates its verdict on every decision-table row
+/// next to the default's. Returns the text to print and whether the plugin
+/// passed; a plugin that does not load gives only an error.
+pub fn check(file: &Path) -> Result<(String, Result<(), CommandError>), CommandError> {
+    let host = PolicyHost::with_default_policy()
+        .map_err(|e| CommandError(format!("cannot start the policy host: {e}")))?;
+    let wasm = std::fs::read(file)
+        .map_err(|e| CommandError(format!("cannot read {}: {e}", file.display())))?;
+    if !wasm.starts_with(b"\0asm") {
+        return Err(CommandError(format!(
+            "{} is not a WebAssembly module (it does not start with `\\0asm`)",
+            file.display()
+        )));
+    }
+    let name = file
+        .file_stem()
+        .map_or_else(|| "policy".into(), |s| s.to_string_lossy());
+    let module = host
+        .load(&name, &wasm)
+        .map_err(|e| CommandError(format!("policy {} does not load: {e}", file.display())))?;
+    let report = host.validate(&module);
+    // Run the table through the host's real decision path (budgets,
+    // fallback, clamping), on a host of its own so nothing else is affected.
+    host.swap_unvalidated(&module)
+        .map_err(|e| CommandError(format!("cannot run policy {}: {e}", file.display())))?;
+    let host = Arc::new(host);
+
+    let rows = vectors::decision_table();
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "policy `{}` ({}), every row of the decision table:\n",
+        module.name(),
+        file.display()
+    );
+    let header = ["#", "session", "cursor", "default", "this policy", ""];
+    let mut lines: Vec<[String; 6]> = Vec::with_capacity(rows.len());
+    let (mut differ, mut faulted) = (0, 0);
+    for (i, facts) in rows.iter().enumerate() {
+        let (verdict, fault) = clamp(facts, host.decide(facts));
+        let default = facts.default();
+        let mark = match fault {
+            Some(PolicyFault::OutOfSet) => {
+                faulted += 1;
+                "!! out of the safe set: default used".to_owned()
+            }
+            Some(f) => {
+                faulted += 1;
+                format!("!! {f}: default used")
+            }
+            None if verdict != default => {
+                differ += 1;
+                "* differs".to_owned()
+            }
+            None => String::new(),
+        };
+        lines.push([
+            (i + 1).to_string(),
+            facts
+                .session_fact()
+                .map_or_else(|| facts.session.to_string(), |s| format!("{s:?}")),
+            facts
+                .cursor_fact()
+                .map_or_else(|| facts.cursor.to_string(), |c| format!("{c:?}")),
+            verdict_answer(default).to_owned(),
+            verdict_answer(verdict).to_owned(),
+            mark,
+        ]);
+    }
+    let mut widths = header.map(str::len);
+    for line in &lines {
+        for (w, cell) in widths.iter_mut().zip(line) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let mut push_row = |cells: [&str; 6]| {
+        let mut row = String::new();
+        for (i, (cell, w)) in cells.iter().zip(widths).enumerate() {
+            if i == 0 {
+                let _ = write!(row, "{cell:>w$}  ");
+            } else {
+                let _ = write!(row, "{cell:<w$}  ");
+            }
+        }
+        let _ = writeln!(out, "{}", row.trim_end());
+    };
+    push_row(header);
+    for line in &lines {
+        push_row(line.each_ref().map(String::as_str));
+    }
+    let _ = writeln!(
+        out,
+        "\n{} rows: {} differ from the default, {} fell back to it",
+        rows.len(),
+        differ,
+        faulted
+    );
+    let _ = writeln!(out, "validation: {}", describe_report(&report));
+    let outcome = if report.passed() {
+        Ok(())
+    } else {
+        let mut message = format!(
+            "{}; a server would refuse it. First failures:",
+            describe_report(&report)
+        );
+        for failure in &report.failures {
+            let _ = write!(message, "\n  - {}", describe_failure(failure));
+        }
+        Err(CommandError(message))
+    };
+    Ok((out, outcome))
+}
+
+fn percent_encode(s: &str) -> String {
+    s.bytes()
+        .map(|b| {
+            if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.') {
+                (b as char).to_string()
+            } else {
+                format!("%{b:02X}")
+            }
+        })
+        .collect()
+}
+
+fn admin_request(
+    admin: &AdminArgs,
+    method: reqwest::Method,
+    url: String,
+    body: Vec<u8>,
+) -> Result<Value, CommandError> {
+    let token = admin.token.as_deref().ok_or_else(|| {
+        CommandError(
+            "no admin token: pass --token or set REWIND_ADMIN_TOKEN (the token `rewind serve` printed)"
+                .to_owned(),
+        )
+    })?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| CommandError(format!("cannot start a runtime: {e}")))?;
+    runtime.block_on(async {
+        let client = reqwest::Client::builder()
+            .timeout(std::time::Duration::from_secs(120))
+            .build()
+            .map_err(|e| CommandError(format!("cannot build an HTTP client: {e}")))?;
+        let response = client
+            .request(method, &url)
+            .bearer_auth(token)
+            .header(reqwest::header::CONTENT_TYPE, "application/wasm")
+            .body(body)
+            .send()
+            .await
+            .map_err(|e| CommandError(format!("cannot reach the admin surface at {url}: {e}")))?;
+        let status = response.status();
+        let text = response
+            .text()
+            .await
+            .map_err(|e| CommandError(format!("reading the answer from {url}: {e}")))?;
+        let body: Value = serde_json::from_str(&text).unwrap_or(Value::String(text));
+        if status.is_success() {
+            Ok(body)
+        } else {
+            Err(CommandError(format!(
+                "the server refused ({status}): {}",
+                refusal_text(&body)
+            )))
+        }
+    })
+}
+
+fn message_of(body: &Value) -> String {
+    body.get("message")
+        .and_then(Value::as_str)
+        .map_or_else(|| body.to_string(), str::to_owned)
+}
+
+fn refusal_text(body: &Value) -> String {
+    let mut text = message_of(body);
+    if let Some(failures) = body.get("failures").and_then(Value::as_array) {
+        for f in failures.iter().filter_map(Value::as_str) {
+            let _ = write!(text, "\n  - {f}");
+        }
+    }
+    text
+}
+
+fn status_table(body: &Value) -> String {
+    let mut out = String::new();
+    let live = &body["live"];
+    let _ = writeln!(
+        out,
+        "live: generation {} `{}` ({} swaps, {} manual and {} automatic rollbacks)\n",
+        live["generation"],
+        live["name"].as_str().unwrap_or("?"),
+        body["swaps"],
+        body["manual_rollbacks"],
+        body["automatic_rollbacks"]
+    );
+    let _ = writeln!(
+        out,
+        "{:>10}  {:<20}  {:<11}  {:>10}  {:>7}",
+        "generation", "name", "state", "decisions", "faults"
+    );
+    for g in body["generations"].as_array().into_iter().flatten() {
+        let faults: u64 = g["faults"]
+            .as_object()
+            .map_or(0, |m| m.values().filter_map(Value::as_u64).sum());
+        let _ = writeln!(
+            out,
+            "{:>10}  {:<20}  {:<11}  {:>10}  {:>7}",
+            g["generation"].to_string(),
+            g["name"].as_str().unwrap_or("?"),
+            g["state"].as_str().unwrap_or("?"),
+            g["decisions"].to_string(),
+            faults
+        );
+    }
+    out
+}

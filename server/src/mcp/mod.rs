@@ -1,0 +1,284 @@
+//! MCP Streamable HTTP on the Rewind engine.
+//!
+//! # Architecture
+//!
+//! rmcp is used as the MCP *protocol* engine only: each MCP session runs one
+//! rmcp service (`ServiceExt::serve_with_ct`) over an in-process transport
+//! ([`transport`]). Everything HTTP — sessions, streams, event ids, priming,
+//! resumption — is done here, on the engine, because rmcp's own HTTP
+//! transport gets exactly those wrong (it resumes without checking the
+//! presented session, primes every stream with id `"0"`, replays the
+//! cursor's own event, loses results after an early close, and answers
+//! every resume failure with an empty 200; see the design's "What today's
+//! SDKs get wrong").
+//!
+//! - **Sessions.** `initialize` without `Mcp-Session-Id` opens an engine
+//!   session (its id is the `Mcp-Session-Id`) and starts the service.
+//!   Unknown or ended ids get 404, a missing id 400, `DELETE` ends the
+//!   session (engine close + service stop) and answers 204. `initialize`
+//!   that names a live session re-initialises it ([`Engine::reopen`]: same
+//!   id, new epoch, new service), after which its old cursors get `reset`.
+//! - **Streams.** Each POST that carries requests gets a fresh engine stream
+//!   and answers `text/event-stream`: the priming event (id = the reader's
+//!   position, empty data, `retry`), then every event of that stream,
+//!   ending once the responses are delivered. POSTs with only
+//!   notifications or responses get 202. Outgoing messages are routed to
+//!   exactly one stream ([`session`]) and appended to the ring before any
+//!   response sees them.
+//! - **Resumption.** Every `GET` is decided by [`Engine::resume`] with the
+//!   *presented* session id and cursor; the answer maps one to one onto the
+//!   design's decision table (200 replay, 200 with a first `reset`/`gap`
+//!   event, 400, 404, 409). A `GET` without `Last-Event-ID` opens the
+//!   standalone stream 0. A new `GET` for a stream ends the responses
+//!   already serving it (newest connection wins), so a message is never
+//!   delivered on two connections at once.
+//! - **Early close.** [`McpOptions::close_post_streams_after_priming`], or a
+//!   tool calling [`SseStream::close`], ends the HTTP response while the
+//!   stream stays open; whatever the tool sends afterwards is in the ring
+//!   and a `GET` with the last id delivers it.
+//! - **HTTP hygiene.** `Host`/`Origin` checked against [`HostPolicy`] (403),
+//!   `MCP-Protocol-Version` checked against 2025-03-26, 2025-06-18 and
+//!   2025-11-25 (400; absent means 2025-03-26), keep-alive comments, and
+//!   [`McpOptions::shutdown`] ends every stream and service.
+
+mod http;
+mod options;
+mod session;
+mod sse;
+mod transport;
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, RwLock, Weak};
+
+use futures::future::BoxFuture;
+use rewind_engine::{Engine, SessionId};
+use rmcp::{ServerHandler, ServiceExt};
+use tokio_util::sync::CancellationToken;
+
+use crate::metrics::ServerMetrics;
+
+pub use options::{HostPolicy, McpOptions, PrincipalExtractor};
+pub use session::{RelatedRequest, SseStream};
+
+use session::McpSession;
+use transport::SessionTransport;
+
+/// The protocol revisions whose HTTP transport this endpoint speaks.
+pub const SUPPORTED_PROTOCOL_VERSIONS: [&str; 3] = ["2025-03-26", "2025-06-18", "2025-11-25"];
+
+type StartService =
+    dyn Fn(SessionTransport, CancellationToken) -> BoxFuture<'static, ()> + Send + Sync;
+
+/// An MCP endpoint whose SSE streams live in a Rewind [`Engine`].
+///
+/// Cheap to clone. Build it with [`RewindMcp::new`], serve
+/// [`RewindMcp::router`].
+#[derive(Clone)]
+pub struct RewindMcp {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    engine: Engine,
+    metrics: Arc<ServerMetrics>,
+    options: McpOptions,
+    sessions: RwLock<HashMap<SessionId, Arc<McpSession>>>,
+    start: Box<StartService>,
+    sweeper_started: AtomicBool,
+}
+
+impl fmt::Debug for RewindMcp {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RewindMcp")
+            .field("engine", &self.inner.engine)
+            .field("options", &self.inner.options)
+            .field("sessions", &self.sessions_live())
+            .finish()
+    }
+}
+
+impl RewindMcp {
+    /// An endpoint that serves one `factory()` handler per MCP session.
+    pub fn new<H, F>(
+        engine: Engine,
+        metrics: Arc<ServerMetrics>,
+        options: McpOptions,
+        factory: F,
+    ) -> RewindMcp
+    where
+        H: ServerHandler,
+        F: Fn() -> H + Send + Sync + 'static,
+    {
+        let start = move |transport: SessionTransport, ct: CancellationToken| {
+            let handler = factory();
+            Box::pin(async move {
+                match handler.serve_with_ct(transport, ct).await {
+                    Ok(running) => {
+                        let _ = running.waiting().await;
+                    }
+                    Err(e) => tracing::debug!(error = %e, "MCP session did not initialise"),
+                }
+            }) as BoxFuture<'static, ()>
+        };
+        RewindMcp {
+            inner: Arc::new(Inner {
+                engine,
+                metrics,
+                options,
+                sessions: RwLock::new(HashMap::new()),
+                start: Box::new(start),
+                sweeper_started: AtomicBool::new(false),
+            }),
+        }
+    }
+
+    /// The axum router serving [`McpOptions::path`] (`POST`, `GET`,
+    /// `DELETE`; other methods get 405).
+    pub fn router(&self) -> axum::Router {
+        http::router(self.clone())
+    }
+
+    /// The engine the streams live in.
+    pub fn engine(&self) -> &Engine {
+        &self.inner.engine
+    }
+
+    /// The options this endpoint runs with.
+    pub fn options(&self) -> &McpOptions {
+        &self.inner.options
+    }
+
+    /// MCP sessions with a running service.
+    pub fn sessions_live(&self) -> usize {
+        read(&self.inner.sessions).len()
+    }
+
+    /// Ends idle-expired engine sessions and stops the services of every
+    /// session that has ended; returns how many services were stopped.
+    /// Runs every [`McpOptions::sweep_interval`] on its own.
+    pub fn sweep(&self) -> usize {
+        self.inner.engine.sweep();
+        let ended: Vec<Arc<McpSession>> = read(&self.inner.sessions)
+            .values()
+            .filter(|s| s.handle.is_ended())
+            .cloned()
+            .collect();
+        ended.iter().filter(|s| self.end_exactly(s)).count()
+    }
+
+    /// Ends session `id`: its events are released, its streams end, its
+    /// service stops. Returns whether it was live here.
+    pub fn end_session(&self, id: SessionId) -> bool {
+        let removed = write(&self.inner.sessions).remove(&id);
+        Self::stop(removed)
+    }
+
+    /// Ends `session` if it is still the one registered under its id (a
+    /// re-initialised session has a new one that must live on).
+    fn end_exactly(&self, session: &Arc<McpSession>) -> bool {
+        let id = session.handle.id();
+        let removed = {
+            let mut map = write(&self.inner.sessions);
+            match map.get(&id) {
+                Some(s) if Arc::ptr_eq(s, session) => map.remove(&id),
+                _ => None,
+            }
+        };
+        // Whatever the map says, this incarnation is over.
+        session.handle.close();
+        session.service_ct.cancel();
+        Self::stop(removed)
+    }
+
+    fn stop(removed: Option<Arc<McpSession>>) -> bool {
+        match removed {
+            Some(s) => {
+                s.handle.close();
+                s.service_ct.cancel();
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// The live session `id` (also counts as activity for the engine TTL).
+    fn session(&self, id: SessionId) -> Option<Arc<McpSession>> {
+        let s = read(&self.inner.sessions).get(&id).cloned()?;
+        if self.inner.engine.session(id).is_none() || s.handle.is_ended() {
+            self.end_exactly(&s);
+            return None;
+        }
+        Some(s)
+    }
+
+    /// Registers a new session and starts its service.
+    fn start_session(&self, session: Arc<McpSession>, transport: SessionTransport) {
+        let id = session.handle.id();
+        let ct = session.service_ct.clone();
+        let mine = Arc::downgrade(&session);
+        write(&self.inner.sessions).insert(id, session);
+        let run = (self.inner.start)(transport, ct);
+        let this = Arc::downgrade(&self.inner);
+        tokio::spawn(async move {
+            run.await;
+            // The service is gone (stopped, or it failed to initialise): the
+            // session cannot answer anything more.
+            if let (Some(inner), Some(session)) = (this.upgrade(), mine.upgrade()) {
+                RewindMcp { inner }.end_exactly(&session);
+            }
+        });
+        self.start_sweeper();
+    }
+
+    fn start_sweeper(&self) {
+        let Some(every) = self.inner.options.sweep_interval else {
+            return;
+        };
+        if self.inner.sweeper_started.swap(true, Ordering::Relaxed) {
+            return;
+        }
+        let weak: Weak<Inner> = Arc::downgrade(&self.inner);
+        let shutdown = self.inner.options.shutdown.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(every);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tokio::select! {
+                    _ = tick.tick() => {}
+                    _ = shutdown.cancelled() => break,
+                }
+                match weak.upgrade() {
+                    Some(inner) => {
+                        RewindMcp { inner }.sweep();
+                    }
+                    None => break,
+                }
+            }
+        });
+    }
+}
+
+/// The router of a [`RewindMcp`] endpoint: the few lines an rmcp server
+/// needs to adopt Rewind (see the crate docs for a complete program).
+pub fn router<H, F>(
+    engine: Engine,
+    metrics: Arc<ServerMetrics>,
+    options: McpOptions,
+    factory: F,
+) -> axum::Router
+where
+    H: ServerHandler,
+    F: Fn() -> H + Send + Sync + 'static,
+{
+    RewindMcp::new(engine, metrics, options, factory).router()
+}
+
+fn read<T>(l: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
+    l.read().unwrap_or_else(|e| e.into_inner())
+}
+
+fn write<T>(l: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
+    l.write().unwrap_or_else(|e| e.into_inner())
+}

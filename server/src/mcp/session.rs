@@ -1,0 +1,381 @@
+//! One MCP session: the engine session that stores its events, the rmcp
+//! service that speaks the protocol for it, and the routing table that says
+//! which SSE stream each outgoing message belongs to.
+//!
+//! # Routing
+//!
+//! Every POST that carries requests gets its own stream id from the engine
+//! ([`SessionHandle::new_stream`]); the requests it carried are registered
+//! against that stream (by request id and by progress token) and the stream
+//! is *open* while any of them awaits its response. An outgoing message goes
+//! to exactly one stream:
+//!
+//! | message | stream |
+//! |---|---|
+//! | response / error to request X | X's stream (then X is done) |
+//! | `notifications/progress` with X's progress token | X's stream |
+//! | `notifications/cancelled` for X | X's stream |
+//! | server request sent from X's handler (rmcp's `OriginatingRequestId`) | X's stream |
+//! | any notification tagged [`RelatedRequest`]`(X)` | X's stream |
+//! | anything else, or X already done | the standalone stream 0 |
+//!
+//! This mirrors rmcp's `LocalSessionManager` (`resolve_outbound_channel`),
+//! plus the [`RelatedRequest`] tag for logging during a request, which rmcp
+//! has no way to associate. Once X is done its stream receives nothing more,
+//! so a reader of a stream that is no longer open ends when it has caught up.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use rewind_engine::SessionHandle;
+use rmcp::model::{
+    ClientJsonRpcMessage, GetExtensions, GetMeta, JsonRpcNotification, ProgressToken, RequestId,
+    ServerJsonRpcMessage, ServerNotification,
+};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+/// The standalone stream of every session (the `GET` stream).
+pub(crate) const STANDALONE: u32 = 0;
+
+/// Tags an outgoing notification as belonging to request `0`: put it in the
+/// notification's `extensions` and the transport sends it on that request's
+/// stream (while the request is in flight), not on the standalone stream.
+///
+/// ```no_run
+/// # use rmcp::model::*;
+/// # use rewind_server::mcp::RelatedRequest;
+/// # async fn f(ctx: rmcp::service::RequestContext<rmcp::RoleServer>) {
+/// #[allow(deprecated, reason = "logging is deprecated by SEP-2577 but still in 2025-11-25")]
+/// let mut n = LoggingMessageNotification::new(LoggingMessageNotificationParam::new(
+///     LoggingLevel::Info,
+///     serde_json::json!("working"),
+/// ));
+/// n.extensions.insert(RelatedRequest(ctx.id.clone()));
+/// #[allow(deprecated, reason = "as above")]
+/// let _ = ctx.peer.send_notification(ServerNotification::LoggingMessageNotification(n)).await;
+/// # }
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RelatedRequest(pub RequestId);
+
+/// The SSE stream a request arrived on, handed to its handler in the
+/// request's extensions (extract it in a tool with
+/// `rmcp::handler::server::tool::Extension<SseStream>`).
+#[derive(Clone)]
+pub struct SseStream {
+    session: Arc<McpSession>,
+    stream: u32,
+}
+
+impl fmt::Debug for SseStream {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SseStream")
+            .field("session", &self.session.handle.id())
+            .field("stream", &self.stream)
+            .finish()
+    }
+}
+
+impl SseStream {
+    /// The engine's stream id.
+    pub fn id(&self) -> u32 {
+        self.stream
+    }
+
+    /// Ends the HTTP responses currently delivering this stream, without
+    /// ending the stream: everything sent on it later is still stored, and
+    /// a client that reconnects with `GET` + `Last-Event-ID` receives it
+    /// (SEP-1699 polling; the `test_reconnection` tool of the conformance
+    /// suite).
+    pub fn close(&self) {
+        self.session.kick(self.stream);
+    }
+}
+
+/// A request awaiting its response.
+#[derive(Debug)]
+struct Pending {
+    stream: u32,
+    progress: Option<ProgressToken>,
+}
+
+/// Which stream each in-flight request (and its progress token) belongs to,
+/// and how many responses each open stream still owes.
+#[derive(Debug, Default)]
+struct Routes {
+    requests: HashMap<RequestId, Pending>,
+    progress: HashMap<ProgressToken, u32>,
+    open: HashMap<u32, usize>,
+}
+
+impl Routes {
+    fn stream_of(&self, id: &RequestId) -> Option<u32> {
+        self.requests.get(id).map(|p| p.stream)
+    }
+
+    /// Where `msg` goes, and the request it completes (if any).
+    fn route(&self, msg: &ServerJsonRpcMessage) -> (u32, Option<RequestId>) {
+        use rmcp::model::JsonRpcMessage as M;
+        match msg {
+            M::Response(r) => match self.stream_of(&r.id) {
+                Some(s) => (s, Some(r.id.clone())),
+                None => (STANDALONE, None),
+            },
+            M::Error(e) => match e
+                .id
+                .as_ref()
+                .and_then(|id| self.stream_of(id).map(|s| (s, id)))
+            {
+                Some((s, id)) => (s, Some(id.clone())),
+                None => (STANDALONE, None),
+            },
+            M::Request(r) => {
+                let origin = r
+                    .request
+                    .extensions()
+                    .get::<rmcp::service::OriginatingRequestId>()
+                    .and_then(|o| self.stream_of(&o.0));
+                (origin.unwrap_or(STANDALONE), None)
+            }
+            M::Notification(JsonRpcNotification { notification, .. }) => {
+                (self.notification_stream(notification), None)
+            }
+        }
+    }
+
+    fn notification_stream(&self, n: &ServerNotification) -> u32 {
+        if let Some(RelatedRequest(id)) = n.extensions().get::<RelatedRequest>() {
+            if let Some(s) = self.stream_of(id) {
+                return s;
+            }
+        }
+        match n {
+            ServerNotification::ProgressNotification(p) => self
+                .progress
+                .get(&p.params.progress_token)
+                .copied()
+                .unwrap_or(STANDALONE),
+            ServerNotification::CancelledNotification(c) => c
+                .params
+                .request_id
+                .as_ref()
+                .and_then(|id| self.stream_of(id))
+                .unwrap_or(STANDALONE),
+            _ => STANDALONE,
+        }
+    }
+
+    /// Request `id` is answered (or cancelled). Returns whether its stream
+    /// closed with it.
+    fn complete(&mut self, id: &RequestId) -> bool {
+        let Some(p) = self.requests.remove(id) else {
+            return false;
+        };
+        if let Some(token) = p.progress {
+            self.progress.remove(&token);
+        }
+        match self.open.get_mut(&p.stream) {
+            Some(n) if *n > 1 => {
+                *n -= 1;
+                false
+            }
+            Some(_) => {
+                self.open.remove(&p.stream);
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+/// Why a POST's requests could not be registered.
+#[derive(Debug)]
+pub(crate) enum RegisterError {
+    /// A request with this id is already in flight in the session.
+    DuplicateId(RequestId),
+}
+
+/// One live MCP session.
+pub(crate) struct McpSession {
+    pub(crate) handle: SessionHandle,
+    pub(crate) principal: Option<String>,
+    inbound: mpsc::Sender<ClientJsonRpcMessage>,
+    routes: Mutex<Routes>,
+    /// Fires whenever a stream stops being open without an append (a
+    /// cancelled request), so readers waiting on it re-check.
+    stream_closed: event_listener::Event,
+    /// Per stream, the token that ends the HTTP responses serving it now.
+    kicks: Mutex<HashMap<u32, CancellationToken>>,
+    /// Stops the session's rmcp service.
+    pub(crate) service_ct: CancellationToken,
+}
+
+impl fmt::Debug for McpSession {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("McpSession")
+            .field("session", &self.handle.id())
+            .field("open_streams", &lock(&self.routes).open.len())
+            .finish_non_exhaustive()
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A panic while holding these locks leaves plain maps behind, still
+    // consistent enough to route by.
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl McpSession {
+    pub(crate) fn new(
+        handle: SessionHandle,
+        principal: Option<String>,
+        inbound: mpsc::Sender<ClientJsonRpcMessage>,
+        service_ct: CancellationToken,
+    ) -> McpSession {
+        McpSession {
+            handle,
+            principal,
+            inbound,
+            routes: Mutex::new(Routes::default()),
+            stream_closed: event_listener::Event::new(),
+            kicks: Mutex::new(HashMap::new()),
+            service_ct,
+        }
+    }
+
+    /// Registers the requests of one POST on `stream` and tags each with
+    /// its [`SseStream`]. All or nothing.
+    pub(crate) fn register(
+        self: &Arc<Self>,
+        stream: u32,
+        msgs: &mut [ClientJsonRpcMessage],
+    ) -> Result<(), RegisterError> {
+        let mut routes = lock(&self.routes);
+        let mut seen = std::collections::HashSet::new();
+        for m in msgs.iter() {
+            if let ClientJsonRpcMessage::Request(r) = m {
+                if routes.requests.contains_key(&r.id) || !seen.insert(r.id.clone()) {
+                    return Err(RegisterError::DuplicateId(r.id.clone()));
+                }
+            }
+        }
+        let mut count = 0;
+        for m in msgs.iter_mut() {
+            if let ClientJsonRpcMessage::Request(r) = m {
+                let progress = r.request.get_meta().get_progress_token();
+                if let Some(token) = &progress {
+                    routes.progress.insert(token.clone(), stream);
+                }
+                routes
+                    .requests
+                    .insert(r.id.clone(), Pending { stream, progress });
+                r.request.extensions_mut().insert(SseStream {
+                    session: self.clone(),
+                    stream,
+                });
+                count += 1;
+            }
+        }
+        if count > 0 {
+            routes.open.insert(stream, count);
+        }
+        Ok(())
+    }
+
+    /// Whether `stream` still owes responses (stream 0 is always open).
+    pub(crate) fn is_open(&self, stream: u32) -> bool {
+        stream == STANDALONE || lock(&self.routes).open.contains_key(&stream)
+    }
+
+    /// A listener that fires when some stream closes without an append.
+    pub(crate) fn listen_closed(&self) -> event_listener::EventListener {
+        self.stream_closed.listen()
+    }
+
+    /// Forgets request `id` (the client cancelled it; rmcp drops the
+    /// response of a cancelled request), closing its stream if it was the
+    /// last one pending there.
+    pub(crate) fn cancel(&self, id: &RequestId) {
+        if lock(&self.routes).complete(id) {
+            self.stream_closed.notify(usize::MAX);
+        }
+    }
+
+    /// Hands `msgs` to the rmcp service, in order.
+    pub(crate) async fn forward(&self, msgs: Vec<ClientJsonRpcMessage>) -> Result<(), ()> {
+        for m in msgs {
+            self.inbound.send(m).await.map_err(|_| ())?;
+        }
+        Ok(())
+    }
+
+    /// Stores one outgoing message on the one stream it belongs to.
+    pub(crate) fn deliver(&self, msg: &ServerJsonRpcMessage) {
+        let (stream, completes) = lock(&self.routes).route(msg);
+        let payload = match serde_json::to_vec(msg) {
+            Ok(p) => p,
+            Err(e) => {
+                tracing::error!(error = %e, "cannot serialise an outgoing MCP message");
+                return;
+            }
+        };
+        match self.handle.append(stream, &payload) {
+            Ok(_) => {}
+            Err(rewind_engine::AppendError::TooLarge { len, max }) => {
+                tracing::warn!(
+                    len,
+                    max,
+                    stream,
+                    "outgoing MCP message exceeds the event size limit"
+                );
+                // A request must not hang because its answer is too big.
+                if let Some(id) = &completes {
+                    let err = ServerJsonRpcMessage::error(
+                        rmcp::ErrorData::internal_error(
+                            format!("response of {len} bytes exceeds the limit of {max} bytes"),
+                            None,
+                        ),
+                        Some(id.clone()),
+                    );
+                    if let Ok(p) = serde_json::to_vec(&err) {
+                        let _ = self.handle.append(stream, &p);
+                    }
+                }
+            }
+            Err(e) => tracing::debug!(error = %e, stream, "outgoing MCP message dropped"),
+        }
+        if let Some(id) = completes {
+            if lock(&self.routes).complete(&id) {
+                self.stream_closed.notify(usize::MAX);
+            }
+        }
+    }
+
+    /// The token that ends the responses serving `stream` now.
+    pub(crate) fn kick_token(&self, stream: u32) -> CancellationToken {
+        lock(&self.kicks).entry(stream).or_default().clone()
+    }
+
+    /// Ends the responses serving `stream` now (a newer connection takes
+    /// over, or a tool asked for an early close).
+    pub(crate) fn close_readers(&self, stream: u32) {
+        self.kick(stream);
+    }
+
+    fn kick(&self, stream: u32) {
+        if let Some(t) = lock(&self.kicks).remove(&stream) {
+            t.cancel();
+        }
+    }
+
+    /// Forgets the kick token of `stream` once it is no longer open: its
+    /// remaining readers end by themselves when they catch up, so nothing
+    /// needs to reach them any more.
+    pub(crate) fn forget_kick(&self, stream: u32) {
+        if !self.is_open(stream) {
+            lock(&self.kicks).remove(&stream);
+        }
+    }
+}

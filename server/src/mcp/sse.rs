@@ -1,0 +1,221 @@
+//! SSE responses: one [`Replay`] read loop per response (invariant 7).
+//!
+//! A response starts with its opening frames (a `reset`/`gap` signal when
+//! the engine asked for one, then the priming event: the reader's position
+//! as `id`, empty `data`, and the `retry` hint), then delivers every event
+//! of its stream from the ring — replayed and live alike, by the same
+//! `next_into` loop — until one of:
+//!
+//! - the stream is a request stream that is no longer open (its responses
+//!   are in the ring) and the reader has caught up;
+//! - the session ended and everything before the end was delivered;
+//! - a tool closed the stream ([`SseStream::close`](super::SseStream::close))
+//!   or the server closes POST streams after priming: the client resumes;
+//! - shutdown.
+//!
+//! Waiting uses the engine's listener protocol: create the listener, read
+//! once more, and only then wait, so an append between the two is never
+//! missed.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::Stream;
+use rewind_engine::{EventId, Replay, ReplayError, Signal};
+use tokio_util::sync::CancellationToken;
+
+use super::session::{McpSession, STANDALONE};
+use crate::metrics::ServerMetrics;
+
+/// The priming event: the position to resume from, nothing to deliver.
+pub(crate) fn priming_frame(id: EventId, retry: Duration) -> Bytes {
+    Bytes::from(format!(
+        "id: {id}\nretry: {}\ndata: \n\n",
+        retry.as_millis()
+    ))
+}
+
+/// A `reset`/`gap` signal (no id: it is not part of any stream).
+pub(crate) fn signal_frame(signal: &Signal, retry: Duration) -> Bytes {
+    Bytes::from(format!(
+        "event: {}\nretry: {}\ndata: {}\n\n",
+        signal.kind.event_name(),
+        retry.as_millis(),
+        signal.to_json()
+    ))
+}
+
+/// One stored event.
+fn event_frame(id: EventId, payload: &[u8]) -> Bytes {
+    let mut out = Vec::with_capacity(payload.len() + 64);
+    out.extend_from_slice(format!("id: {id}\n").as_bytes());
+    // Payloads are compact JSON (no newlines); split anyway so a stray
+    // newline can never end the event early or forge a field.
+    for line in payload.split(|&b| b == b'\n') {
+        out.extend_from_slice(b"data: ");
+        out.extend_from_slice(line.strip_suffix(b"\r").unwrap_or(line));
+        out.push(b'\n');
+    }
+    out.push(b'\n');
+    Bytes::from(out)
+}
+
+const KEEP_ALIVE: &[u8] = b": keep-alive\n\n";
+
+/// What ends a response besides the end of its stream.
+#[derive(Debug, Clone)]
+pub(crate) struct Stops {
+    pub(crate) shutdown: CancellationToken,
+    pub(crate) keep_alive: Option<Duration>,
+    /// End right after the opening frames (SSE polling).
+    pub(crate) after_opening: bool,
+}
+
+/// The state of one SSE response.
+#[derive(Debug)]
+pub(crate) struct SseReader {
+    replay: Replay,
+    session: Arc<McpSession>,
+    opening: Vec<Bytes>,
+    buf: Vec<u8>,
+    stops: Stops,
+    kick: CancellationToken,
+    metrics: Arc<ServerMetrics>,
+    /// Events delivered from before the reconnect, while still counting
+    /// (a resumed response counts until it first catches up).
+    replayed: Option<u64>,
+    /// The stream is closed: deliver what is left, then end.
+    draining: bool,
+    done: bool,
+}
+
+impl SseReader {
+    pub(crate) fn new(
+        replay: Replay,
+        session: Arc<McpSession>,
+        opening: Vec<Bytes>,
+        stops: Stops,
+        metrics: Arc<ServerMetrics>,
+        resumed: bool,
+    ) -> SseReader {
+        let kick = session.kick_token(replay.stream());
+        let mut opening = opening;
+        opening.reverse();
+        SseReader {
+            replay,
+            session,
+            opening,
+            buf: Vec::new(),
+            stops,
+            kick,
+            metrics,
+            replayed: resumed.then_some(0),
+            draining: false,
+            done: false,
+        }
+    }
+
+    /// The response body.
+    pub(crate) fn into_stream(self) -> impl Stream<Item = Result<Bytes, Infallible>> + Send {
+        futures::stream::unfold(self, |mut r| async move {
+            let frame = r.next_frame().await?;
+            Some((Ok(frame), r))
+        })
+    }
+
+    fn caught_up(&mut self) {
+        if let Some(n) = self.replayed.take() {
+            self.metrics.observe_replay(n);
+        }
+    }
+
+    /// The next stored event, or `None` when caught up.
+    fn try_next(&mut self) -> Option<Result<Bytes, ReplayError>> {
+        match self.replay.next_into(&mut self.buf) {
+            Ok(Some(id)) => {
+                if let Some(n) = &mut self.replayed {
+                    *n += 1;
+                }
+                Some(Ok(event_frame(id, &self.buf)))
+            }
+            Ok(None) => None,
+            Err(ReplayError::Lagged { after, missing_seq }) => {
+                // This reader fell behind the ring: say so, then go on from
+                // the oldest event still held.
+                self.replay.skip_gap();
+                let json = format!(
+                    "{{\"reason\":\"reader lagged behind the retained window\",\"cursor\":\"{after}\",\"missing_seq\":{missing_seq}}}"
+                );
+                Some(Ok(Bytes::from(format!("event: gap\ndata: {json}\n\n"))))
+            }
+            Err(e) => Some(Err(e)),
+        }
+    }
+
+    async fn next_frame(&mut self) -> Option<Bytes> {
+        if let Some(f) = self.opening.pop() {
+            return Some(f);
+        }
+        if self.done || self.stops.after_opening || self.stops.shutdown.is_cancelled() {
+            return self.finish();
+        }
+        let stream = self.replay.stream();
+        loop {
+            match self.try_next() {
+                Some(Ok(f)) => return Some(f),
+                Some(Err(_ended)) => return self.finish(),
+                None => {}
+            }
+            self.caught_up();
+            if self.draining {
+                return self.finish();
+            }
+            let appended = self.replay.listen();
+            let closed = self.session.listen_closed();
+            match self.try_next() {
+                Some(Ok(f)) => return Some(f),
+                Some(Err(_ended)) => return self.finish(),
+                None => {}
+            }
+            if stream != STANDALONE && !self.session.is_open(stream) {
+                // Closed after our last read: its final events may have
+                // landed in between. Deliver them, then end.
+                self.draining = true;
+                continue;
+            }
+            let keep_alive = async {
+                match self.stops.keep_alive {
+                    Some(d) => tokio::time::sleep(d).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                _ = appended => {}
+                _ = closed => {}
+                _ = keep_alive => {
+                    self.session.handle.touch();
+                    return Some(Bytes::from_static(KEEP_ALIVE));
+                }
+                _ = self.kick.cancelled() => return self.finish(),
+                _ = self.stops.shutdown.cancelled() => return self.finish(),
+            }
+        }
+    }
+
+    fn finish(&mut self) -> Option<Bytes> {
+        self.done = true;
+        None
+    }
+}
+
+impl Drop for SseReader {
+    fn drop(&mut self) {
+        // A resume cut before it caught up still replayed what it sent.
+        if let Some(n) = self.replayed.take() {
+            self.metrics.observe_replay(n);
+        }
+        self.session.forget_kick(self.replay.stream());
+    }
+}

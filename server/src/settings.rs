@@ -1,0 +1,531 @@
+//! Configuration of `rewind serve`: flags, environment variables, a TOML
+//! file and defaults, resolved in that order of precedence into one
+//! [`Settings`].
+//!
+//! Flags and environment variables arrive through clap ([`ServeArgs`], where
+//! each flag names its variable), so "flag over environment" is clap's rule;
+//! this module puts both over the file and the file over the defaults, then
+//! checks every value and names the offending key and where it came from.
+//!
+//! The file (all keys optional):
+//!
+//! ```toml
+//! listen = "127.0.0.1:8080"        # MCP endpoint, served at /mcp
+//! admin_listen = "127.0.0.1:8081"  # admin surface (metrics, policy)
+//! admin_token = "..."              # bearer token; generated when absent
+//! policy = "policies/strict.wasm"  # relative to this file; default: embedded
+//!
+//! [engine]
+//! ring_slots = 1024                # events kept per session (power of two)
+//! session_bytes = 262144           # payload bytes per session (power of two)
+//! global_bytes = 1073741824        # ring memory of all sessions together
+//! idle_ttl_secs = 1800             # a session idle this long ends
+//! max_resume_age_secs = 600        # told to the policy; unset by default
+//! ```
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use clap::parser::ValueSource;
+use clap::{ArgMatches, Args};
+use rewind_engine::Config;
+use serde::Deserialize;
+
+/// Where the MCP endpoint listens unless configured.
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:8080";
+/// Where the admin surface listens unless configured.
+pub const DEFAULT_ADMIN_LISTEN: &str = "127.0.0.1:8081";
+
+/// Flags of `rewind serve` (also accepted by a bare `rewind`). Every flag can
+/// also be set by the environment variable it names, or in the file.
+#[derive(Debug, Clone, Default, Args)]
+pub struct ServeArgs {
+    /// TOML configuration file (flags and environment variables override it)
+    #[arg(long, env = "REWIND_CONFIG", value_name = "FILE.toml")]
+    pub config: Option<PathBuf>,
+    /// Address of the MCP endpoint [default: 127.0.0.1:8080]
+    #[arg(long, env = "REWIND_LISTEN", value_name = "ADDR:PORT")]
+    pub listen: Option<SocketAddr>,
+    /// Address of the admin surface [default: 127.0.0.1:8081]
+    #[arg(long, env = "REWIND_ADMIN_LISTEN", value_name = "ADDR:PORT")]
+    pub admin_listen: Option<SocketAddr>,
+    /// Bearer token of the admin surface [default: a random one, printed at start]
+    #[arg(
+        long,
+        env = "REWIND_ADMIN_TOKEN",
+        value_name = "TOKEN",
+        hide_env_values = true
+    )]
+    pub admin_token: Option<String>,
+    /// Policy plugin to start with [default: the embedded default policy]
+    #[arg(long, env = "REWIND_POLICY", value_name = "FILE.wasm")]
+    pub policy: Option<PathBuf>,
+    /// Events kept per session, a power of two [default: 1024]
+    #[arg(long, env = "REWIND_RING_SLOTS", value_name = "N")]
+    pub ring_slots: Option<usize>,
+    /// Payload bytes kept per session, a power of two ≥ 64 [default: 262144]
+    #[arg(long, env = "REWIND_SESSION_BYTES", value_name = "BYTES")]
+    pub session_bytes: Option<usize>,
+    /// Ring memory all sessions together may hold [default: 1073741824]
+    #[arg(long, env = "REWIND_GLOBAL_BYTES", value_name = "BYTES")]
+    pub global_bytes: Option<u64>,
+    /// Seconds after which an idle session ends [default: 1800]
+    #[arg(long, env = "REWIND_IDLE_TTL_SECS", value_name = "SECS")]
+    pub idle_ttl_secs: Option<u64>,
+    /// Oldest disconnect, in seconds, a strict policy may still resume [default: unset]
+    #[arg(long, env = "REWIND_MAX_RESUME_AGE_SECS", value_name = "SECS")]
+    pub max_resume_age_secs: Option<u64>,
+}
+
+/// The configuration file, as written. Unknown keys are errors.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileSettings {
+    /// `listen`
+    pub listen: Option<SocketAddr>,
+    /// `admin_listen`
+    pub admin_listen: Option<SocketAddr>,
+    /// `admin_token`
+    pub admin_token: Option<String>,
+    /// `policy`, relative to the file's directory
+    pub policy: Option<PathBuf>,
+    /// `[engine]`
+    #[serde(default)]
+    pub engine: EngineFileSettings,
+}
+
+/// The `[engine]` table of the configuration file.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EngineFileSettings {
+    /// `engine.ring_slots`
+    pub ring_slots: Option<usize>,
+    /// `engine.session_bytes`
+    pub session_bytes: Option<usize>,
+    /// `engine.global_bytes`
+    pub global_bytes: Option<u64>,
+    /// `engine.idle_ttl_secs`
+    pub idle_ttl_secs: Option<u64>,
+    /// `engine.max_resume_age_secs`
+    pub max_resume_age_secs: Option<u64>,
+}
+
+/// Everything `rewind serve` runs with, resolved and checked.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// Address of the MCP endpoint.
+    pub listen: SocketAddr,
+    /// Address of the admin surface.
+    pub admin_listen: SocketAddr,
+    /// The configured admin token; `None`: generate one at start.
+    pub admin_token: Option<String>,
+    /// The policy plugin to start with; `None`: the embedded default.
+    pub policy: Option<PathBuf>,
+    /// The engine's configuration (already validated).
+    pub engine: Config,
+}
+
+/// Where a value came from, for error messages.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Origin {
+    /// A command-line flag.
+    Flag(&'static str),
+    /// An environment variable.
+    Env(&'static str),
+    /// The configuration file.
+    File(PathBuf),
+    /// The built-in default.
+    Default,
+}
+
+impl fmt::Display for Origin {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Origin::Flag(flag) => write!(f, "flag --{flag}"),
+            Origin::Env(var) => write!(f, "environment variable {var}"),
+            Origin::File(path) => write!(f, "config file {}", path.display()),
+            Origin::Default => f.write_str("built-in default"),
+        }
+    }
+}
+
+/// A configuration `rewind serve` refuses.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum SettingsError {
+    /// The file could not be read.
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The file is not valid TOML, has an unknown key, or a value of the
+    /// wrong type (toml's message gives the line, column and key).
+    Parse {
+        /// The file.
+        path: PathBuf,
+        /// toml's report.
+        message: String,
+    },
+    /// A value is out of range.
+    Invalid {
+        /// The key, as written in the file (`engine.ring_slots`).
+        key: &'static str,
+        /// Where the value came from.
+        origin: Origin,
+        /// What is wrong.
+        message: String,
+    },
+}
+
+impl fmt::Display for SettingsError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SettingsError::Read { path, source } => {
+                write!(f, "cannot read config file {}: {source}", path.display())
+            }
+            SettingsError::Parse { path, message } => {
+                write!(f, "config file {}: {}", path.display(), message.trim_end())
+            }
+            SettingsError::Invalid {
+                key,
+                origin,
+                message,
+            } => write!(f, "invalid `{key}` (from {origin}): {message}"),
+        }
+    }
+}
+
+impl std::error::Error for SettingsError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            SettingsError::Read { source, .. } => Some(source),
+            _ => None,
+        }
+    }
+}
+
+impl FileSettings {
+    /// Reads and parses `path`.
+    pub fn load(path: &Path) -> Result<FileSettings, SettingsError> {
+        let text = std::fs::read_to_string(path).map_err(|source| SettingsError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        FileSettings::parse(&text, path)
+    }
+
+    /// Parses `text`, read from `path` (named in errors; relative `policy`
+    /// paths are taken from its directory).
+    pub fn parse(text: &str, path: &Path) -> Result<FileSettings, SettingsError> {
+        let mut file: FileSettings = toml::from_str(text).map_err(|e| SettingsError::Parse {
+            path: path.to_owned(),
+            message: e.to_string(),
+        })?;
+        if let (Some(policy), Some(dir)) = (&file.policy, path.parent()) {
+            if policy.is_relative() {
+                file.policy = Some(dir.join(policy));
+            }
+        }
+        Ok(file)
+    }
+}
+
+/// Picks the value of one setting and remembers where it came from.
+struct Resolver<'a> {
+    matches: Option<&'a ArgMatches>,
+    file_path: Option<&'a Path>,
+}
+
+impl Resolver<'_> {
+    fn pick<T>(
+        &self,
+        id: &'static str,
+        env: &'static str,
+        flag: Option<T>,
+        file: Option<T>,
+    ) -> (Option<T>, Origin) {
+        if let Some(v) = flag {
+            let origin = match self.matches.and_then(|m| m.value_source(id)) {
+                Some(ValueSource::EnvVariable) => Origin::Env(env),
+                _ => Origin::Flag(flag_name(id)),
+            };
+            return (Some(v), origin);
+        }
+        match (file, self.file_path) {
+            (Some(v), Some(path)) => (Some(v), Origin::File(path.to_owned())),
+            (v, _) => (v, Origin::Default),
+        }
+    }
+}
+
+fn flag_name(id: &'static str) -> &'static str {
+    match id {
+        "listen" => "listen",
+        "admin_listen" => "admin-listen",
+        "admin_token" => "admin-token",
+        "policy" => "policy",
+        "ring_slots" => "ring-slots",
+        "session_bytes" => "session-bytes",
+        "global_bytes" => "global-bytes",
+        "idle_ttl_secs" => "idle-ttl-secs",
+        "max_resume_age_secs" => "max-resume-age-secs",
+        other => other,
+    }
+}
+
+impl Settings {
+    /// Resolves `args` (flags and environment, already parsed by clap) over
+    /// the file they name, if any, over the defaults. `matches` are the
+    /// clap matches `args` came from, used to tell a flag from an
+    /// environment variable in error messages.
+    pub fn resolve(
+        args: &ServeArgs,
+        matches: Option<&ArgMatches>,
+    ) -> Result<Settings, SettingsError> {
+        let file = match &args.config {
+            Some(path) => FileSettings::load(path)?,
+            None => FileSettings::default(),
+        };
+        Settings::resolve_with_file(args, matches, file, args.config.as_deref())
+    }
+
+    /// [`resolve`](Self::resolve) with the file already parsed.
+    pub fn resolve_with_file(
+        args: &ServeArgs,
+        matches: Option<&ArgMatches>,
+        file: FileSettings,
+        file_path: Option<&Path>,
+    ) -> Result<Settings, SettingsError> {
+        let r = Resolver { matches, file_path };
+        let defaults = Config::default();
+
+        let (listen, _) = r.pick("listen", "REWIND_LISTEN", args.listen, file.listen);
+        let (admin_listen, admin_listen_origin) = r.pick(
+            "admin_listen",
+            "REWIND_ADMIN_LISTEN",
+            args.admin_listen,
+            file.admin_listen,
+        );
+        let (admin_token, token_origin) = r.pick(
+            "admin_token",
+            "REWIND_ADMIN_TOKEN",
+            args.admin_token.clone(),
+            file.admin_token,
+        );
+        let (policy, _) = r.pick("policy", "REWIND_POLICY", args.policy.clone(), file.policy);
+        let e = file.engine;
+        let (ring_slots, ring_origin) = r.pick(
+            "ring_slots",
+            "REWIND_RING_SLOTS",
+            args.ring_slots,
+            e.ring_slots,
+        );
+        let (session_bytes, session_origin) = r.pick(
+            "session_bytes",
+            "REWIND_SESSION_BYTES",
+            args.session_bytes,
+            e.session_bytes,
+        );
+        let (global_bytes, global_origin) = r.pick(
+            "global_bytes",
+            "REWIND_GLOBAL_BYTES",
+            args.global_bytes,
+            e.global_bytes,
+        );
+        let (idle_ttl_secs, ttl_origin) = r.pick(
+            "idle_ttl_secs",
+            "REWIND_IDLE_TTL_SECS",
+            args.idle_ttl_secs,
+            e.idle_ttl_secs,
+        );
+        let (max_resume_age_secs, _) = r.pick(
+            "max_resume_age_secs",
+            "REWIND_MAX_RESUME_AGE_SECS",
+            args.max_resume_age_secs,
+            e.max_resume_age_secs,
+        );
+
+        let invalid =
+            |key: &'static str, origin: &Origin, message: String| SettingsError::Invalid {
+                key,
+                origin: origin.clone(),
+                message,
+            };
+
+        let mut engine = defaults;
+        if let Some(n) = ring_slots {
+            if n < 2 || !n.is_power_of_two() {
+                return Err(invalid(
+                    "engine.ring_slots",
+                    &ring_origin,
+                    format!("{n} is not a power of two ≥ 2 (e.g. 256, 1024, 4096)"),
+                ));
+            }
+            engine.ring_slots = n;
+        }
+        if let Some(n) = session_bytes {
+            if n < 64 || !n.is_power_of_two() {
+                return Err(invalid(
+                    "engine.session_bytes",
+                    &session_origin,
+                    format!("{n} is not a power of two ≥ 64 (e.g. 65536, 262144)"),
+                ));
+            }
+            engine.session_bytes = n;
+        }
+        if let Some(n) = global_bytes {
+            engine.global_bytes = n;
+        }
+        if let Some(secs) = idle_ttl_secs {
+            if secs == 0 {
+                return Err(invalid(
+                    "engine.idle_ttl_secs",
+                    &ttl_origin,
+                    "must be at least 1 second".to_owned(),
+                ));
+            }
+            engine.idle_ttl = Duration::from_secs(secs);
+        }
+        engine.max_resume_age = max_resume_age_secs.map(Duration::from_secs);
+        if let Err(e) = engine.validate() {
+            // Our own checks above cover the ring sizes; what is left is the
+            // budget relation, which the engine words best.
+            let (key, origin) = match e {
+                rewind_engine::ConfigError::GlobalBudgetTooSmall { .. } => {
+                    ("engine.global_bytes", global_origin)
+                }
+                rewind_engine::ConfigError::ZeroTtl => ("engine.idle_ttl_secs", ttl_origin),
+                _ => ("engine.ring_slots", ring_origin),
+            };
+            return Err(invalid(key, &origin, e.to_string()));
+        }
+
+        if let Some(token) = &admin_token {
+            if token.len() < 16 || !token.bytes().all(|b| b.is_ascii_graphic()) {
+                return Err(invalid(
+                    "admin_token",
+                    &token_origin,
+                    "must be at least 16 visible ASCII characters (no spaces)".to_owned(),
+                ));
+            }
+        }
+        let admin_listen = admin_listen.unwrap_or_else(|| {
+            DEFAULT_ADMIN_LISTEN
+                .parse()
+                .expect("the default admin address parses")
+        });
+        if !admin_listen.ip().is_loopback() && admin_token.is_none() {
+            return Err(invalid(
+                "admin_listen",
+                &admin_listen_origin,
+                format!(
+                    "{admin_listen} is not a loopback address; the admin surface may listen \
+                     elsewhere only with a configured admin_token (--admin-token or \
+                     REWIND_ADMIN_TOKEN)"
+                ),
+            ));
+        }
+
+        Ok(Settings {
+            listen: listen
+                .unwrap_or_else(|| DEFAULT_LISTEN.parse().expect("the default address parses")),
+            admin_listen,
+            admin_token,
+            policy,
+            engine,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<FileSettings, SettingsError> {
+        FileSettings::parse(text, Path::new("/etc/rewind/rewind.toml"))
+    }
+
+    #[test]
+    fn defaults_without_anything() {
+        let s = Settings::resolve(&ServeArgs::default(), None).unwrap();
+        assert_eq!(s.listen.to_string(), DEFAULT_LISTEN);
+        assert_eq!(s.admin_listen.to_string(), DEFAULT_ADMIN_LISTEN);
+        assert_eq!(s.engine.ring_slots, Config::default().ring_slots);
+        assert!(s.admin_token.is_none() && s.policy.is_none());
+    }
+
+    #[test]
+    fn flags_override_the_file_which_overrides_defaults() {
+        let file = parse(
+            "listen = \"127.0.0.1:9000\"\npolicy = \"p/strict.wasm\"\n[engine]\nring_slots = 64\nidle_ttl_secs = 5\n",
+        )
+        .unwrap();
+        let args = ServeArgs {
+            ring_slots: Some(128),
+            ..ServeArgs::default()
+        };
+        let s = Settings::resolve_with_file(&args, None, file, Some(Path::new("x.toml"))).unwrap();
+        assert_eq!(s.listen.port(), 9000);
+        assert_eq!(s.engine.ring_slots, 128);
+        assert_eq!(s.engine.idle_ttl, Duration::from_secs(5));
+        assert_eq!(
+            s.policy.as_deref(),
+            Some(Path::new("/etc/rewind/p/strict.wasm"))
+        );
+    }
+
+    #[test]
+    fn unknown_keys_are_named() {
+        let e = parse("[engine]\nrign_slots = 64\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("rign_slots") && e.contains("rewind.toml"), "{e}");
+        let e = parse("listen = 8080\n").unwrap_err().to_string();
+        assert!(e.contains("listen"), "{e}");
+    }
+
+    #[test]
+    fn bad_values_name_the_key_and_origin() {
+        let file = parse("[engine]\nring_slots = 1000\n").unwrap();
+        let e = Settings::resolve_with_file(
+            &ServeArgs::default(),
+            None,
+            file,
+            Some(Path::new("r.toml")),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("engine.ring_slots") && e.contains("r.toml") && e.contains("1000"),
+            "{e}"
+        );
+        let args = ServeArgs {
+            global_bytes: Some(10),
+            ..ServeArgs::default()
+        };
+        let e = Settings::resolve(&args, None).unwrap_err().to_string();
+        assert!(
+            e.contains("engine.global_bytes") && e.contains("--global-bytes"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_public_admin_address_needs_a_token() {
+        let args = ServeArgs {
+            admin_listen: Some("0.0.0.0:8081".parse().unwrap()),
+            ..ServeArgs::default()
+        };
+        let e = Settings::resolve(&args, None).unwrap_err().to_string();
+        assert!(e.contains("admin_listen"), "{e}");
+        let args = ServeArgs {
+            admin_token: Some("0123456789abcdef0123".into()),
+            ..args
+        };
+        assert!(Settings::resolve(&args, None).is_ok());
+    }
+}

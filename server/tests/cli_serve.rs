@@ -1,0 +1,311 @@
+//! `rewind serve` as a real process: it prints where it listens, its admin
+//! answers `rewind policy push/status/rollback`, a taken port is reported
+//! clearly, and SIGTERM stops it within a bounded time.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::PathBuf;
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use rewind_engine::policy::wasm::plugins::{self, fixtures};
+
+struct Server {
+    child: Child,
+    mcp_url: String,
+    admin_url: String,
+    token: String,
+    stdout: mpsc::Receiver<String>,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn clean_command() -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_rewind"));
+    for (k, _) in std::env::vars() {
+        if k.starts_with("REWIND_") {
+            command.env_remove(k);
+        }
+    }
+    command
+}
+
+fn start(args: &[&str]) -> Server {
+    let mut child = clean_command()
+        .arg("serve")
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let (tx, rx) = mpsc::channel();
+    let stdout = child.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let mut lines = Vec::new();
+    while lines.len() < 4 {
+        let line = rx
+            .recv_timeout(Duration::from_secs(60))
+            .unwrap_or_else(|_| panic!("rewind serve printed only {lines:?}"));
+        lines.push(line);
+    }
+    let field = |prefix: &str| {
+        lines
+            .iter()
+            .find_map(|l| l.strip_prefix(prefix))
+            .unwrap_or_else(|| panic!("no `{prefix}` in {lines:?}"))
+            .trim()
+            .to_owned()
+    };
+    let mcp_url = field("rewind: MCP endpoint");
+    let admin_url = field("rewind: admin surface")
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .to_owned();
+    let token = field("rewind: admin token");
+    assert!(mcp_url.starts_with("http://127.0.0.1:") && mcp_url.ends_with("/mcp"));
+    Server {
+        child,
+        mcp_url,
+        admin_url,
+        token,
+        stdout: rx,
+    }
+}
+
+fn policy(args: &[&str], server: &Server) -> Output {
+    clean_command()
+        .arg("policy")
+        .args(args)
+        .args(["--admin", &server.admin_url])
+        .env("REWIND_ADMIN_TOKEN", &server.token)
+        .output()
+        .unwrap()
+}
+
+fn write_temp(name: &str, bytes: &[u8]) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("rewind-cli-serve-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join(name);
+    std::fs::write(&path, bytes).unwrap();
+    path
+}
+
+/// Sends one raw HTTP/1.1 request to `url`'s host and returns the
+/// connection and the response head (status line and headers).
+fn raw_request(url: &str, request: impl FnOnce(&str) -> String) -> (TcpStream, String) {
+    let authority = url
+        .trim_start_matches("http://")
+        .split('/')
+        .next()
+        .unwrap()
+        .to_owned();
+    let mut stream = TcpStream::connect(&authority).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    stream.write_all(request(&authority).as_bytes()).unwrap();
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        assert_eq!(
+            stream.read(&mut byte).unwrap(),
+            1,
+            "connection closed in the head"
+        );
+        head.push(byte[0]);
+    }
+    (stream, String::from_utf8(head).unwrap())
+}
+
+/// `initialize` over raw HTTP; returns the session id.
+fn initialize(mcp_url: &str) -> String {
+    let body = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"cli-serve-test","version":"1"}}}"#;
+    let (_stream, head) = raw_request(mcp_url, |host| {
+        format!(
+            "POST /mcp HTTP/1.1\r\nHost: {host}\r\nAccept: application/json, text/event-stream\r\n\
+             Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+    });
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    head.lines()
+        .find_map(|l| {
+            l.to_ascii_lowercase()
+                .strip_prefix("mcp-session-id:")
+                .map(|v| v.trim().to_owned())
+        })
+        .unwrap_or_else(|| panic!("no session id in {head}"))
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+#[test]
+fn serve_prints_its_urls_and_answers_policy_commands() {
+    let server = start(&["--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"]);
+    assert_eq!(server.token.len(), 32);
+    assert!(server.token.bytes().all(|b| b.is_ascii_hexdigit()));
+
+    // The printed MCP URL serves MCP.
+    let _session = initialize(&server.mcp_url);
+
+    let status = policy(&["status"], &server);
+    assert!(status.status.success(), "{}", text(&status.stderr));
+    assert!(text(&status.stdout).contains("live: generation 1 `default`"));
+
+    let file = write_temp("status-400.wasm", plugins::STATUS_400);
+    let push = policy(&["push", file.to_str().unwrap()], &server);
+    assert!(push.status.success(), "{}", text(&push.stderr));
+    assert!(
+        text(&push.stdout).contains("`status-400`") && text(&push.stdout).contains("generation 2"),
+        "{}",
+        text(&push.stdout)
+    );
+
+    let trap = write_temp("trap.wasm", fixtures::TRAP);
+    let refused = policy(&["push", trap.to_str().unwrap()], &server);
+    assert!(!refused.status.success());
+    let stderr = text(&refused.stderr);
+    assert!(
+        stderr.contains("422") && stderr.contains("unreachable"),
+        "{stderr}"
+    );
+
+    let wrong_token = clean_command()
+        .args([
+            "policy",
+            "status",
+            "--admin",
+            &server.admin_url,
+            "--token",
+            "nope",
+        ])
+        .output()
+        .unwrap();
+    assert!(!wrong_token.status.success());
+    assert!(text(&wrong_token.stderr).contains("401"));
+
+    let rollback = policy(&["rollback"], &server);
+    assert!(rollback.status.success(), "{}", text(&rollback.stderr));
+    assert!(text(&rollback.stdout).contains("generation 1"));
+    let status = policy(&["status"], &server);
+    let listing = text(&status.stdout);
+    assert!(
+        listing.contains("live: generation 1 `default`"),
+        "{listing}"
+    );
+    assert!(
+        listing.contains("status-400") && listing.contains("rolled_back"),
+        "{listing}"
+    );
+}
+
+#[test]
+fn a_taken_port_is_reported_clearly() {
+    let first = start(&["--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"]);
+    let taken = first
+        .mcp_url
+        .trim_start_matches("http://")
+        .trim_end_matches("/mcp")
+        .to_owned();
+    let out = clean_command()
+        .args(["serve", "--listen", &taken, "--admin-listen", "127.0.0.1:0"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr.contains(&format!("cannot listen on {taken}"))
+            && stderr.contains("already in use")
+            && stderr.contains("--listen"),
+        "{stderr}"
+    );
+}
+
+#[cfg(unix)]
+#[test]
+fn sigterm_stops_the_server_promptly() {
+    let mut server = start(&["--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"]);
+    // An SSE stream open when the signal arrives must end, not hold the
+    // process up.
+    let session = initialize(&server.mcp_url);
+    let (_open_stream, head) = raw_request(&server.mcp_url, |host| {
+        format!(
+            "GET /mcp HTTP/1.1\r\nHost: {host}\r\nAccept: text/event-stream\r\n\
+             Mcp-Session-Id: {session}\r\nMCP-Protocol-Version: 2025-06-18\r\n\r\n"
+        )
+    });
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    let killed = Command::new("kill")
+        .args(["-TERM", &server.child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(status) = server.child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "still running 20 s after SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(status.success(), "{status:?}");
+    let rest: Vec<String> = server.stdout.try_iter().collect();
+    assert!(rest.iter().any(|l| l == "rewind: stopped"), "{rest:?}");
+}
+
+#[test]
+fn serve_starts_with_a_policy_file_and_refuses_a_bad_one() {
+    let file = write_temp("status-400.wasm", plugins::STATUS_400);
+    let server = start(&[
+        "--listen",
+        "127.0.0.1:0",
+        "--admin-listen",
+        "127.0.0.1:0",
+        "--policy",
+        file.to_str().unwrap(),
+    ]);
+    let status = policy(&["status"], &server);
+    assert!(
+        text(&status.stdout).contains("live: generation 1 `status-400`"),
+        "{}",
+        text(&status.stdout)
+    );
+
+    let trap = write_temp("trap.wasm", fixtures::TRAP);
+    let out = clean_command()
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--admin-listen",
+            "127.0.0.1:0",
+        ])
+        .arg("--policy")
+        .arg(&trap)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr.contains("trap.wasm") && stderr.contains("validation"),
+        "{stderr}"
+    );
+}

@@ -1,0 +1,288 @@
+//! The MCP flow over HTTP: calls, cuts, resumes, early close, DELETE,
+//! DNS-rebinding protection, protocol versions, shutdown.
+
+mod http_support;
+
+use http_support::{start, start_default, Event, SseBody};
+use rewind_engine::Config;
+use rewind_server::mcp::McpOptions;
+use serde_json::json;
+
+fn data_events(events: Vec<Event>) -> Vec<Event> {
+    events
+        .into_iter()
+        .filter(|e| e.data.as_deref().is_some_and(|d| !d.is_empty()))
+        .collect()
+}
+
+#[tokio::test]
+async fn cut_mid_stream_then_resume_delivers_the_rest_exactly_once() {
+    let server = start_default().await;
+    let sid = server.initialize().await;
+
+    let list = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list"});
+    let resp = server.send(server.post(Some(&sid), list)).await;
+    assert_eq!(resp.status(), 200);
+    let events = SseBody::new(resp).read_to_end().await;
+    let tools = events.iter().find(|e| e.is_response_to(1)).unwrap().json();
+    let names: Vec<_> = tools["result"]["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].as_str().unwrap().to_owned())
+        .collect();
+    for t in [
+        "progress_stream",
+        "test_simple_text",
+        "test_tool_with_logging",
+        "test_tool_with_progress",
+        "test_error_handling",
+        "test_reconnection",
+    ] {
+        assert!(names.iter().any(|n| n == t), "{t} missing from {names:?}");
+    }
+
+    let mut call = server.progress_stream(&sid, 2, 10, 30, "cut").await;
+    let seen = call.until(|e| e.progress() == Some(3.0)).await;
+    let last_id = seen.last().unwrap().id.clone().unwrap();
+    drop(call); // the connection is cut mid-stream
+
+    let resp = server.send(server.get(Some(&sid), Some(&last_id))).await;
+    assert_eq!(resp.status(), 200);
+    let rest = data_events(SseBody::new(resp).read_to_end().await);
+    let progress: Vec<f64> = rest.iter().filter_map(Event::progress).collect();
+    assert_eq!(progress, (4..=10).map(f64::from).collect::<Vec<_>>());
+    assert!(rest.last().unwrap().is_response_to(2), "{rest:?}");
+    assert_eq!(
+        rest.len(),
+        8,
+        "7 notifications and the result, nothing else"
+    );
+    let result = rest.last().unwrap().json();
+    assert!(result["result"]["content"][0]["text"]
+        .as_str()
+        .unwrap()
+        .contains("done: 10"));
+}
+
+#[tokio::test]
+async fn result_produced_after_an_early_close_is_delivered_on_resume() {
+    let mut options = McpOptions::default();
+    options.close_post_streams_after_priming = true;
+    let server = start(Config::default(), options).await;
+    let sid = server.initialize().await;
+    let mut call = server.progress_stream(&sid, 5, 3, 50, "early").await;
+    let opening = call.read_to_end().await;
+    assert_eq!(
+        opening.len(),
+        1,
+        "the POST stream ends after priming: {opening:?}"
+    );
+    assert!(opening[0].is_priming() && opening[0].retry.is_some());
+    // Let the tool finish while nobody listens.
+    tokio::time::sleep(std::time::Duration::from_millis(400)).await;
+    let resp = server
+        .send(server.get(Some(&sid), opening[0].id.as_deref()))
+        .await;
+    assert_eq!(resp.status(), 200);
+    let rest = data_events(SseBody::new(resp).read_to_end().await);
+    let progress: Vec<f64> = rest.iter().filter_map(Event::progress).collect();
+    assert_eq!(progress, vec![1.0, 2.0, 3.0]);
+    assert!(rest.last().unwrap().is_response_to(5));
+}
+
+#[tokio::test]
+async fn test_reconnection_closes_its_stream_and_the_result_survives() {
+    let server = start_default().await;
+    let sid = server.initialize().await;
+    let call = json!({"jsonrpc": "2.0", "id": 9, "method": "tools/call",
+        "params": {"name": "test_reconnection", "arguments": {}}});
+    let resp = server.send(server.post(Some(&sid), call)).await;
+    assert_eq!(resp.status(), 200);
+    let events = SseBody::new(resp).read_to_end().await;
+    assert!(events.iter().all(|e| !e.is_response_to(9)), "{events:?}");
+    let last = events.iter().rev().find_map(|e| e.id.clone()).unwrap();
+    let resp = server.send(server.get(Some(&sid), Some(&last))).await;
+    assert_eq!(resp.status(), 200);
+    let rest = data_events(SseBody::new(resp).read_to_end().await);
+    assert_eq!(rest.len(), 1, "{rest:?}");
+    assert!(rest[0].is_response_to(9));
+}
+
+#[tokio::test]
+async fn concurrent_calls_never_share_a_stream() {
+    let server = start_default().await;
+    let sid = server.initialize().await;
+    let (mut a, mut b) = (
+        server.progress_stream(&sid, 11, 5, 10, "left").await,
+        server.progress_stream(&sid, 12, 5, 10, "right").await,
+    );
+    let (ea, eb) = tokio::join!(a.read_to_end(), b.read_to_end());
+    for (events, raw, mine, other) in [
+        (ea, &a.raw, "tok-11", "tok-12"),
+        (eb, &b.raw, "tok-12", "tok-11"),
+    ] {
+        assert!(raw.contains(mine));
+        assert!(!raw.contains(other), "{raw}");
+        assert_eq!(events.iter().filter_map(Event::progress).count(), 5);
+    }
+}
+
+#[tokio::test]
+async fn logging_during_a_call_travels_on_its_stream() {
+    let server = start_default().await;
+    let sid = server.initialize().await;
+    let call = json!({"jsonrpc": "2.0", "id": 3, "method": "tools/call",
+        "params": {"name": "test_tool_with_logging", "arguments": {}}});
+    let resp = server.send(server.post(Some(&sid), call)).await;
+    let events = data_events(SseBody::new(resp).read_to_end().await);
+    let logs = events
+        .iter()
+        .filter(|e| e.json()["method"] == "notifications/message")
+        .count();
+    assert_eq!(logs, 3, "{events:?}");
+    assert!(events.last().unwrap().is_response_to(3));
+}
+
+#[tokio::test]
+async fn delete_frees_the_session_and_later_requests_get_404() {
+    let server = start_default().await;
+    let sid = server.initialize().await;
+    let _other = server.initialize().await;
+    let engine = server.mcp.engine().clone();
+    assert_eq!(engine.metrics().sessions_live, 2);
+    let resp = server
+        .send(
+            server
+                .client
+                .delete(&server.url)
+                .header("mcp-session-id", &sid),
+        )
+        .await;
+    assert_eq!(resp.status(), 204);
+    assert_eq!(engine.metrics().sessions_live, 1);
+    assert_eq!(server.mcp.sessions_live(), 1);
+    let ping = json!({"jsonrpc": "2.0", "id": 4, "method": "ping"});
+    assert_eq!(
+        server.send(server.post(Some(&sid), ping)).await.status(),
+        404
+    );
+    assert_eq!(
+        server.send(server.get(Some(&sid), None)).await.status(),
+        404
+    );
+    let resp = server
+        .send(
+            server
+                .client
+                .delete(&server.url)
+                .header("mcp-session-id", &sid),
+        )
+        .await;
+    assert_eq!(resp.status(), 404);
+}
+
+#[tokio::test]
+async fn session_header_rules_for_post() {
+    let server = start_default().await;
+    let ping = json!({"jsonrpc": "2.0", "id": 4, "method": "ping"});
+    assert_eq!(
+        server.send(server.post(None, ping.clone())).await.status(),
+        400
+    );
+    let unknown = rewind_engine::SessionId::generate().to_string();
+    assert_eq!(
+        server
+            .send(server.post(Some(&unknown), ping.clone()))
+            .await
+            .status(),
+        404
+    );
+    assert_eq!(
+        server
+            .send(server.post(Some("not-a-session"), ping))
+            .await
+            .status(),
+        400
+    );
+}
+
+#[tokio::test]
+async fn foreign_origin_or_host_is_403() {
+    let server = start_default().await;
+    let init = http_support::initialize_body();
+    let resp = server
+        .send(
+            server
+                .post(None, init.clone())
+                .header("origin", "http://evil.example"),
+        )
+        .await;
+    assert_eq!(resp.status(), 403);
+    let resp = server
+        .send(
+            server
+                .post(None, init.clone())
+                .header("host", "evil.example"),
+        )
+        .await;
+    assert_eq!(resp.status(), 403);
+    let resp = server
+        .send(
+            server
+                .get(None, None)
+                .header("origin", "http://evil.example:8080"),
+        )
+        .await;
+    assert_eq!(resp.status(), 403);
+    let resp = server
+        .send(
+            server
+                .post(None, init)
+                .header("origin", "http://localhost:5173"),
+        )
+        .await;
+    assert_eq!(resp.status(), 200);
+}
+
+#[tokio::test]
+async fn unsupported_protocol_version_is_400() {
+    let server = start_default().await;
+    let sid = server.initialize().await;
+    let ping = json!({"jsonrpc": "2.0", "id": 4, "method": "ping"});
+    let resp = server
+        .send(
+            server
+                .post(Some(&sid), ping.clone())
+                .header("mcp-protocol-version", "1999-01-01"),
+        )
+        .await;
+    assert_eq!(resp.status(), 400);
+    for v in ["2025-03-26", "2025-06-18", "2025-11-25"] {
+        let resp = server
+            .send(
+                server
+                    .post(Some(&sid), ping.clone())
+                    .header("mcp-protocol-version", v),
+            )
+            .await;
+        assert_eq!(resp.status(), 200, "{v}");
+        let events = SseBody::new(resp).read_to_end().await;
+        assert!(events.iter().any(|e| e.is_response_to(4)));
+    }
+}
+
+#[tokio::test]
+async fn shutdown_ends_open_streams() {
+    let server = start_default().await;
+    let sid = server.initialize().await;
+    let resp = server.send(server.get(Some(&sid), None)).await;
+    let mut standalone = SseBody::new(resp);
+    assert!(standalone.next().await.unwrap().is_priming());
+    let mut call = server.progress_stream(&sid, 6, 1000, 50, "long").await;
+    call.next().await.unwrap();
+    server.shutdown.cancel();
+    standalone.read_to_end().await;
+    call.read_to_end().await;
+    assert!(standalone.ended && call.ended);
+}
