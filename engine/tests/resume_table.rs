@@ -287,7 +287,7 @@ fn cursor_from_a_previous_boot_is_recognised() {
 }
 
 #[test]
-fn no_or_malformed_session_id_is_a_bad_request() {
+fn no_session_id_is_a_bad_request_and_a_malformed_one_is_gone() {
     let e = engine();
     let d = resume(&e, None, Some("0000000000000000-1-0-1"));
     assert_row(
@@ -301,7 +301,7 @@ fn no_or_malformed_session_id_is_a_bad_request() {
         &d,
         SessionFact::Malformed,
         CursorFact::Absent,
-        Verdict::BadRequest,
+        Verdict::Gone,
     );
 }
 

@@ -372,8 +372,13 @@ pub const fn default_verdict(session: Option<SessionFact>, cursor: Option<Cursor
             Some(CursorFact::Unchecked) | None => Verdict::Conflict,
         },
         Some(SessionFact::WrongPrincipal) => Verdict::Conflict,
-        Some(SessionFact::Absent) | Some(SessionFact::Malformed) => Verdict::BadRequest,
-        Some(SessionFact::Unknown) | Some(SessionFact::PreviousBoot) | None => Verdict::Gone,
+        Some(SessionFact::Absent) => Verdict::BadRequest,
+        // A presented id that is not an id names no session: 404, so that
+        // MCP clients (which start over only on 404) are not stuck.
+        Some(SessionFact::Malformed)
+        | Some(SessionFact::Unknown)
+        | Some(SessionFact::PreviousBoot)
+        | None => Verdict::Gone,
     }
 }
 

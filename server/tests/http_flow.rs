@@ -203,7 +203,7 @@ async fn session_header_rules_for_post() {
             .send(server.post(Some("not-a-session"), ping))
             .await
             .status(),
-        400
+        404
     );
 }
 

@@ -11,8 +11,8 @@
 //! | live | current epoch, in window | `Resume` |
 //! | live | unchecked, or a code this ABI does not know | `Conflict` |
 //! | live, other principal | any | `Conflict` |
-//! | none, or malformed id | any | `BadRequest` (400) |
-//! | unknown / previous boot / a code this ABI does not know | any | `Gone` (404) |
+//! | none | any | `BadRequest` (400) |
+//! | malformed id / unknown / previous boot / a code this ABI does not know | any | `Gone` (404) |
 //!
 //! It answers exactly what [`rewind_policy_sdk::default_verdict`] answers;
 //! the tests hold it to that on every row.
@@ -37,7 +37,8 @@ rewind_policy! {
                 Some(_) | None => Verdict::Conflict,
             },
             Some(SessionFact::WrongPrincipal) => Verdict::Conflict,
-            Some(SessionFact::Absent) | Some(SessionFact::Malformed) => Verdict::BadRequest,
+            Some(SessionFact::Absent) => Verdict::BadRequest,
+            Some(SessionFact::Malformed) => Verdict::Gone,
             Some(SessionFact::Unknown) | Some(SessionFact::PreviousBoot) => Verdict::Gone,
             // A code this ABI version does not know.
             Some(_) | None => Verdict::Gone,

@@ -19,8 +19,8 @@
 //! | live | in window, `cursor_seq` unknown or beyond `high_water` | `Resume` | `Conflict` |
 //! | live | unchecked / unknown code | `Conflict` | `Conflict` |
 //! | live, other principal | any | `Conflict` | `Conflict` |
-//! | none / malformed id | any | `BadRequest` | `BadRequest` |
-//! | unknown / previous boot / unknown code | any | `Gone` | `Gone` |
+//! | none | any | `BadRequest` | `BadRequest` |
+//! | malformed id / unknown / previous boot / unknown code | any | `Gone` | `Gone` |
 //!
 //! Every answer is a rejection except `Fresh` for a live session without a
 //! cursor and `Resume` for the first "in window" row, so it is inside the
@@ -45,7 +45,8 @@ rewind_policy! {
                 Some(_) | None => Verdict::Conflict,
             },
             Some(SessionFact::WrongPrincipal) => Verdict::Conflict,
-            Some(SessionFact::Absent) | Some(SessionFact::Malformed) => Verdict::BadRequest,
+            Some(SessionFact::Absent) => Verdict::BadRequest,
+            Some(SessionFact::Malformed) => Verdict::Gone,
             Some(SessionFact::Unknown) | Some(SessionFact::PreviousBoot) => Verdict::Gone,
             // A code this ABI version does not know.
             Some(_) | None => Verdict::Gone,

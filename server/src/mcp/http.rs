@@ -135,8 +135,10 @@ fn presented_session(
     let Some(raw) = header(&parts.headers, SESSION_ID) else {
         return Err(bad_request("missing Mcp-Session-Id"));
     };
+    // An id that does not parse names no session: 404 like an unknown one
+    // (MCP clients re-initialise only on 404).
     let Ok(id) = SessionId::parse(raw.trim()) else {
-        return Err(bad_request("malformed Mcp-Session-Id"));
+        return Err(not_found());
     };
     match mcp.session(id) {
         Some(s) if s.principal == principal(mcp, parts) => Ok(s),
