@@ -441,10 +441,12 @@ impl SessionHandle {
         };
         s.touch(now);
         s.appended.notify(usize::MAX);
-        self.shared.metrics.add(Counter::Appends, 1);
-        self.shared
-            .metrics
-            .add(Counter::AppendedBytes, payload.len() as u64);
+        self.shared.metrics.add_pair(
+            Counter::Appends,
+            1,
+            Counter::AppendedBytes,
+            payload.len() as u64,
+        );
         Ok(s.event_id(stream, seq))
     }
 

@@ -124,12 +124,13 @@ impl Metrics {
         self.stripes[my_stripe()][c as usize].fetch_add(n, Ordering::Relaxed);
     }
 
-    /// Adds 1 to `count` and `n` to `sum`, with one stripe lookup.
+    /// Adds `a` to counter `ca` and `b` to counter `cb`, with one stripe
+    /// lookup.
     #[inline]
-    pub(crate) fn add_pair(&self, count: Counter, sum: Counter, n: u64) {
+    pub(crate) fn add_pair(&self, ca: Counter, a: u64, cb: Counter, b: u64) {
         let stripe = &self.stripes[my_stripe()];
-        stripe[count as usize].fetch_add(1, Ordering::Relaxed);
-        stripe[sum as usize].fetch_add(n, Ordering::Relaxed);
+        stripe[ca as usize].fetch_add(a, Ordering::Relaxed);
+        stripe[cb as usize].fetch_add(b, Ordering::Relaxed);
     }
 
     #[inline]

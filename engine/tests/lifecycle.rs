@@ -237,3 +237,24 @@ fn garbage_headers_never_panic() {
     }
     assert!(SessionId::parse(&long).is_err());
 }
+
+#[test]
+fn delivered_events_are_counted_when_the_reader_catches_up_or_drops() {
+    let e = Engine::new(config(256, 64 * 1024, 1 << 24)).unwrap();
+    let s = e.open(None).unwrap();
+    let mut caught_up = s.subscribe(0);
+    let mut dropped = s.subscribe(0);
+    for i in 0..100u8 {
+        s.append(0, &[i; 10]).unwrap();
+    }
+    let mut buf = Vec::new();
+    while caught_up.next_into(&mut buf).unwrap().is_some() {}
+    assert_eq!(e.metrics().events_replayed, 100);
+    assert_eq!(e.metrics().replayed_bytes, 1000);
+    for _ in 0..70 {
+        dropped.next_into(&mut buf).unwrap();
+    }
+    assert_eq!(e.metrics().events_replayed, 164, "reported per batch of 64");
+    drop(dropped);
+    assert_eq!(e.metrics().events_replayed, 170);
+}
