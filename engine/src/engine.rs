@@ -188,8 +188,9 @@ impl Engine {
 
     /// The live session `id`, if there is one. Counts as activity.
     pub fn session(&self, id: SessionId) -> Option<SessionHandle> {
-        let session = self.shared.live(id)?;
-        session.touch(self.shared.now_ms());
+        let now = self.shared.now_ms();
+        let session = self.shared.live(id, now)?;
+        session.touch(now);
         Some(SessionHandle {
             session,
             shared: self.shared.clone(),
@@ -251,12 +252,14 @@ impl Shared {
 
     /// The session `id` if it is live and not past its TTL (an expired one
     /// is ended on the spot).
-    pub(crate) fn live(&self, id: SessionId) -> Option<Arc<Session>> {
+    /// `now_ms` is the caller's clock reading, so one request reads the
+    /// clock once.
+    pub(crate) fn live(&self, id: SessionId, now_ms: u64) -> Option<Arc<Session>> {
         let s = self.registry.get(id)?;
         if s.is_ended() {
             return None;
         }
-        if self.is_expired(&s, self.now_ms()) {
+        if self.is_expired(&s, now_ms) {
             self.end(&s, EndReason::Expired);
             return None;
         }

@@ -180,11 +180,12 @@ impl Shared {
     fn classify(&self, req: ResumeRequest<'_>) -> Classified {
         let cursor = req.last_event_id.map(EventId::parse);
         let parsed = cursor.and_then(Result::ok);
+        let now = self.now_ms();
         let mut session = None;
         let session_fact = match req.session_id.map(SessionId::parse) {
             None => SessionFact::Absent,
             Some(Err(_)) => SessionFact::Malformed,
-            Some(Ok(id)) => match self.live(id) {
+            Some(Ok(id)) => match self.live(id, now) {
                 Some(s) if s.principal_matches(req.principal) => {
                     session = Some(s);
                     SessionFact::Live
@@ -196,7 +197,6 @@ impl Shared {
                 None => SessionFact::Unknown,
             },
         };
-        let now = self.now_ms();
         let mut facts = ResumeFacts::new(session_fact, CursorFact::Absent);
         facts.max_resume_age_ms = self.config.max_resume_age.map_or(0, |d| {
             u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
