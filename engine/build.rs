@@ -53,7 +53,7 @@ fn main() {
         return;
     }
     let rustc = env::var_os("RUSTC").unwrap_or_else(|| "rustc".into());
-    check_target_installed(&rustc);
+    ensure_target_installed(&rustc);
 
     let cargo = env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let target_dir = out_dir.join("plugins");
@@ -148,22 +148,49 @@ fn package_name(manifest: &str) -> Option<String> {
     None
 }
 
-fn check_target_installed(rustc: &OsStr) {
+/// Makes sure the wasm32 standard library is there, installing it with
+/// rustup for the active toolchain when it is not: the toolchain file lists
+/// the target, but rustup adds listed targets only when it installs the
+/// toolchain itself (and never with `RUSTUP_AUTO_INSTALL=0`), so a machine
+/// that already had the pinned toolchain lacks it.
+fn ensure_target_installed(rustc: &OsStr) {
+    if target_installed(rustc) {
+        return;
+    }
+    let toolchain = env::var("RUSTUP_TOOLCHAIN").ok();
+    let mut rustup = Command::new(env::var_os("RUSTUP").unwrap_or_else(|| "rustup".into()));
+    rustup.args(["target", "add", TARGET]);
+    if let Some(toolchain) = &toolchain {
+        rustup.args(["--toolchain", toolchain]);
+    }
+    // The outer build's variables (RUSTC, CARGO, ...) must not steer rustup.
+    scrub_outer_build_env(&mut rustup);
+    println!(
+        "cargo:warning=installing the {TARGET} target for the policy plugins (`rustup target add {TARGET}`)"
+    );
+    let added = rustup.status().is_ok_and(|s| s.success());
+    if !added || !target_installed(rustc) {
+        panic!(
+            "the {TARGET} target is missing and `rustup target add {TARGET}{}` did not install it; \
+             install it by hand, or build rewind-engine without its `wasm` feature",
+            toolchain.map(|t| format!(" --toolchain {t}")).unwrap_or_default()
+        );
+    }
+}
+
+fn target_installed(rustc: &OsStr) -> bool {
     let libdir = Command::new(rustc)
         .args(["--print", "target-libdir", "--target", TARGET])
         .output()
         .ok()
         .filter(|o| o.status.success())
         .map(|o| PathBuf::from(String::from_utf8_lossy(&o.stdout).trim()));
-    let installed = libdir
+    libdir
         .and_then(|dir| fs::read_dir(dir).ok())
         .is_some_and(|mut entries| {
             entries
                 .any(|e| e.is_ok_and(|e| e.file_name().to_string_lossy().starts_with("libcore-")))
-        });
-    if !installed {
-        panic!("the {TARGET} target is not installed; run `rustup target add {TARGET}` (or build rewind-engine without its `wasm` feature)");
-    }
+        })
 }
 
 /// Removes what describes the outer build; keeps `CARGO_HOME` (registry and

@@ -468,6 +468,28 @@ impl SessionHandle {
         Replay::new(self.session.clone(), self.shared.clone(), stream, from)
     }
 
+    /// Opens a reader of `stream` positioned after `after`, an id this
+    /// session incarnation issued (e.g. the position where an earlier
+    /// reader of the stream stopped). `None` if `after` names another
+    /// session, another incarnation, or a sequence number not issued yet:
+    /// the engine never positions a reader by a cursor it did not mint for
+    /// this session. Events after `after` that are no longer retained make
+    /// the reader's first read [`ReplayError::Lagged`](crate::ReplayError).
+    pub fn subscribe_from(&self, stream: u32, after: EventId) -> Option<Replay> {
+        let s = &self.session;
+        let mine = after.tag == s.tag && after.epoch == s.epoch && after.stream == stream;
+        (mine && after.seq <= s.ring.high_water())
+            .then(|| Replay::new(s.clone(), self.shared.clone(), stream, after.seq))
+    }
+
+    /// Opens a reader of `stream` from the first event the session ever
+    /// appended: everything on the stream that is still retained, then live
+    /// events. If older events of the session are gone, the first read is
+    /// [`ReplayError::Lagged`](crate::ReplayError).
+    pub fn subscribe_from_start(&self, stream: u32) -> Replay {
+        Replay::new(self.session.clone(), self.shared.clone(), stream, 0)
+    }
+
     /// The id of the newest event on the session (on any stream) as if it
     /// were on `stream`: a cursor meaning "everything after now".
     pub fn cursor_now(&self, stream: u32) -> EventId {

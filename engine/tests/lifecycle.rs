@@ -258,3 +258,59 @@ fn delivered_events_are_counted_when_the_reader_catches_up_or_drops() {
     drop(dropped);
     assert_eq!(e.metrics().events_replayed, 170);
 }
+
+#[test]
+fn subscribe_from_positions_only_by_ids_of_this_incarnation() {
+    let e = Engine::new(config(8, 1024, 1 << 20)).unwrap();
+    let s = e.open(None).unwrap();
+    let other = e.open(None).unwrap();
+    let first = s.append(0, b"one").unwrap();
+    s.append(1, b"elsewhere").unwrap();
+    s.append(0, b"two").unwrap();
+    let mut buf = Vec::new();
+
+    let mut r = s.subscribe_from(0, first).expect("an id of this session");
+    assert!(r.next_into(&mut buf).unwrap().is_some());
+    assert_eq!(buf, b"two");
+    assert_eq!(r.next_into(&mut buf).unwrap(), None);
+
+    let mut all = s.subscribe_from_start(0);
+    assert!(all.next_into(&mut buf).unwrap().is_some());
+    assert_eq!(buf, b"one");
+
+    let foreign = other.append(0, b"x").unwrap();
+    assert!(
+        s.subscribe_from(0, foreign).is_none(),
+        "another session's id"
+    );
+    assert!(
+        s.subscribe_from(1, first).is_none(),
+        "an id of another stream"
+    );
+    let mut future = first;
+    future.seq = 1_000;
+    assert!(s.subscribe_from(0, future).is_none(), "not issued yet");
+    let reopened = e.reopen(s.id(), None).unwrap();
+    assert!(
+        reopened.subscribe_from(0, first).is_none(),
+        "an older incarnation"
+    );
+}
+
+#[test]
+fn subscribe_from_start_reports_events_already_gone_as_lagged() {
+    let e = Engine::new(config(2, 1024, 1 << 20)).unwrap();
+    let s = e.open(None).unwrap();
+    for i in 0..5u8 {
+        s.append(0, &[i]).unwrap();
+    }
+    let mut r = s.subscribe_from_start(0);
+    let mut buf = Vec::new();
+    assert!(matches!(
+        r.next_into(&mut buf),
+        Err(ReplayError::Lagged { .. })
+    ));
+    r.skip_gap();
+    assert!(r.next_into(&mut buf).unwrap().is_some());
+    assert_eq!(buf, [3]);
+}
