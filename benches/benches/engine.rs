@@ -46,7 +46,7 @@ fn append(c: &mut Criterion) {
     }
     let p = payload(EVENT_BYTES);
     let p = &p[..];
-    let rewind = || RewindStore::new(64, 8 * 1024);
+    let rewind = || RewindStore::new(64);
     let mut g = c.benchmark_group("append");
 
     g.throughput(Throughput::Elements(2));
@@ -137,7 +137,7 @@ fn replay_and_resume(c: &mut Criterion, scale: &Scale) {
         samples: 20,
     };
     // Rewind: 64-slot rings, 8 KiB of payload per session.
-    replay_store(c, scale, RewindStore::new(64, 8 * 1024), &full);
+    replay_store(c, scale, RewindStore::new(64), &full);
     replay_store(
         c,
         scale,
@@ -251,7 +251,7 @@ fn copy(c: &mut Criterion) {
     });
 
     // 64 events of 4 KiB need a 256 KiB arena; give it room for headers.
-    let rewind = RewindStore::new(64, 512 * 1024);
+    let rewind = RewindStore::new(64);
     copy_store(&mut g, &rewind, p);
     copy_store(
         &mut g,

@@ -182,8 +182,7 @@ fn resume_body(engine: &Engine, b: &mut criterion::Bencher<'_>) {
 
 fn whole_resume(c: &mut Criterion) {
     let mut config = Config::default();
-    config.ring_slots = 64;
-    config.session_bytes = 8 * 1024;
+    config.session_events = 64;
     let native = Engine::new(config.clone()).expect("engine");
     let host = PolicyHost::with_default_policy().expect("default policy");
     let wasm = Engine::with_policy(config, Arc::new(host)).expect("engine");

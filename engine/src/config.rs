@@ -4,25 +4,40 @@ use std::fmt;
 use std::time::Duration;
 
 use crate::id::TagKey;
-use crate::ring::RingConfig;
+use crate::storage::{PoolShape, Retention, UNIT_WORDS};
 
 /// How much the engine may hold, and for how long.
 ///
-/// Memory is bounded by these numbers whatever the traffic (invariant 5):
-/// each live session holds exactly one ring of `ring_slots` slots and
-/// `session_bytes` payload bytes, and the sum over live sessions never
-/// exceeds `global_bytes` (the least recently active sessions are evicted
-/// to make room, and opening fails when nothing can be evicted).
+/// Memory is bounded by these numbers whatever the traffic (invariant 5 of
+/// `docs/design.md`): all sessions' events live in one pool of
+/// `global_bytes`; each session keeps at least its newest `session_events`
+/// events or `session_bytes` bytes (and at most one segment more); a
+/// session's bookkeeping (a few hundred bytes) is bounded by the session
+/// caps. A session that holds no events holds no pool memory.
 #[derive(Clone, Debug)]
 #[non_exhaustive]
 pub struct Config {
-    /// Events each session retains (a power of two, ≥ 2).
-    pub ring_slots: usize,
-    /// Payload bytes each session retains (a power of two, ≥ 64); also
-    /// bounds the size of one event.
-    pub session_bytes: usize,
-    /// Ring memory all live sessions together may hold.
+    /// Events each session retains: once the segments after its oldest
+    /// one hold this many, the oldest is released.
+    pub session_events: u64,
+    /// Bytes of segment memory each session retains, in the same sense.
+    pub session_bytes: u64,
+    /// The pool: memory for every session's events together, allocated
+    /// once (lazily committed by the OS).
     pub global_bytes: u64,
+    /// Largest segment of a session's ordinary growth (a power of two,
+    /// 1 KiB to 64 MiB). A session's first segment is 512 bytes; each next
+    /// one doubles up to this.
+    pub max_segment_bytes: usize,
+    /// Largest single event. Larger events get a segment of their own
+    /// class; the pool must be able to hold one.
+    pub max_event_bytes: usize,
+    /// Most sessions live at once; opening more is refused
+    /// ([`OpenError::TooManySessions`](crate::OpenError)).
+    pub max_sessions: usize,
+    /// Most sessions live at once for one principal (when the embedding
+    /// supplies principals).
+    pub max_sessions_per_principal: usize,
     /// A session with no append, resume or touch for this long ends.
     pub idle_ttl: Duration,
     /// Carried to the policy as `max_resume_age_ms` (strict policies refuse
@@ -39,9 +54,13 @@ pub struct Config {
 impl Default for Config {
     fn default() -> Config {
         Config {
-            ring_slots: 1024,
+            session_events: 1024,
             session_bytes: 256 * 1024,
             global_bytes: 1 << 30,
+            max_segment_bytes: 64 * 1024,
+            max_event_bytes: (32 << 20) - 1024,
+            max_sessions: 250_000,
+            max_sessions_per_principal: 10_000,
             idle_ttl: Duration::from_secs(30 * 60),
             max_resume_age: None,
             tag_key: None,
@@ -54,17 +73,27 @@ impl Default for Config {
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum ConfigError {
-    /// `ring_slots` or `session_bytes` is not an accepted ring size.
-    Ring {
-        /// What is wrong, from the ring's own check.
-        reason: String,
+    /// A retention setting is zero.
+    ZeroRetention {
+        /// `session_events` or `session_bytes`.
+        setting: &'static str,
     },
-    /// `global_bytes` cannot hold even one session.
-    GlobalBudgetTooSmall {
-        /// The configured budget.
+    /// `max_segment_bytes` is not a power of two between 1 KiB and 64 MiB.
+    SegmentSize {
+        /// The configured value.
+        max_segment_bytes: usize,
+    },
+    /// `global_bytes` cannot hold one event of `max_event_bytes`.
+    PoolTooSmall {
+        /// The configured pool.
         global_bytes: u64,
-        /// What one session's ring needs.
-        per_session: u64,
+        /// What one largest event needs.
+        needs: u64,
+    },
+    /// A session cap is zero.
+    ZeroCap {
+        /// `max_sessions` or `max_sessions_per_principal`.
+        setting: &'static str,
     },
     /// `idle_ttl` is zero.
     ZeroTtl,
@@ -73,14 +102,23 @@ pub enum ConfigError {
 impl fmt::Display for ConfigError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            ConfigError::Ring { reason } => write!(f, "ring_slots/session_bytes: {reason}"),
-            ConfigError::GlobalBudgetTooSmall {
+            ConfigError::ZeroRetention { setting } => {
+                write!(f, "{setting} must be at least 1")
+            }
+            ConfigError::SegmentSize { max_segment_bytes } => write!(
+                f,
+                "max_segment_bytes = {max_segment_bytes} must be a power of two from 1024 to {}",
+                MAX_SEGMENT
+            ),
+            ConfigError::PoolTooSmall {
                 global_bytes,
-                per_session,
+                needs,
             } => write!(
                 f,
-                "global_bytes = {global_bytes} cannot hold one session ring of {per_session} bytes"
+                "global_bytes = {global_bytes} cannot hold one event of max_event_bytes \
+                 (a segment of {needs} bytes); raise global_bytes or lower max_event_bytes"
             ),
+            ConfigError::ZeroCap { setting } => write!(f, "{setting} must be at least 1"),
             ConfigError::ZeroTtl => f.write_str("idle_ttl must be greater than zero"),
         }
     }
@@ -88,30 +126,78 @@ impl fmt::Display for ConfigError {
 
 impl std::error::Error for ConfigError {}
 
-impl Config {
-    /// The ring sizes of one session.
-    pub fn ring(&self) -> RingConfig {
-        RingConfig {
-            slots: self.ring_slots,
-            arena_bytes: self.session_bytes,
-        }
-    }
+const UNIT_BYTES: usize = UNIT_WORDS * 8;
+const MAX_SEGMENT: usize = 64 << 20;
 
+/// The class of segments of `bytes` (rounded up to a power of two units).
+fn class_of(bytes: usize) -> u8 {
+    let units = bytes.div_ceil(UNIT_BYTES).next_power_of_two();
+    units.trailing_zeros() as u8
+}
+
+impl Config {
     /// Checks every setting; the engine refuses to start on an error.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        self.ring().validate().map_err(|e| ConfigError::Ring {
-            reason: e.to_string(),
-        })?;
-        let per_session = crate::ring::SessionRing::memory_bytes_for(self.ring()) as u64;
-        if self.global_bytes < per_session {
-            return Err(ConfigError::GlobalBudgetTooSmall {
+        if self.session_events == 0 {
+            return Err(ConfigError::ZeroRetention {
+                setting: "session_events",
+            });
+        }
+        if self.session_bytes == 0 {
+            return Err(ConfigError::ZeroRetention {
+                setting: "session_bytes",
+            });
+        }
+        let seg = self.max_segment_bytes;
+        if !seg.is_power_of_two() || !(2 * UNIT_BYTES..=MAX_SEGMENT).contains(&seg) {
+            return Err(ConfigError::SegmentSize {
+                max_segment_bytes: seg,
+            });
+        }
+        let shape = self.pool_shape();
+        let event_class = self.event_class();
+        if shape.top_class < event_class || shape.units < 1 << event_class {
+            return Err(ConfigError::PoolTooSmall {
                 global_bytes: self.global_bytes,
-                per_session,
+                needs: (UNIT_BYTES as u64) << event_class,
+            });
+        }
+        if self.max_sessions == 0 {
+            return Err(ConfigError::ZeroCap {
+                setting: "max_sessions",
+            });
+        }
+        if self.max_sessions_per_principal == 0 {
+            return Err(ConfigError::ZeroCap {
+                setting: "max_sessions_per_principal",
             });
         }
         if self.idle_ttl.is_zero() {
             return Err(ConfigError::ZeroTtl);
         }
         Ok(())
+    }
+
+    /// The class that holds one event of `max_event_bytes` (header, frame
+    /// and table entry included).
+    fn event_class(&self) -> u8 {
+        // Header (64), frame header (24), table entry (8), padding (8).
+        class_of(self.max_event_bytes.max(1) + 104)
+    }
+
+    pub(crate) fn pool_shape(&self) -> PoolShape {
+        let top = self
+            .event_class()
+            .max(class_of(self.max_segment_bytes.min(MAX_SEGMENT)));
+        PoolShape::for_budget(self.global_bytes, UNIT_WORDS, top)
+    }
+
+    pub(crate) fn retention(&self) -> Retention {
+        Retention {
+            max_events: self.session_events,
+            max_bytes: self.session_bytes,
+            first_class: 0,
+            grow_class: class_of(self.max_segment_bytes.min(MAX_SEGMENT)),
+        }
     }
 }

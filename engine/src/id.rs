@@ -6,12 +6,14 @@
 //! counter.
 //!
 //! An [`EventId`] names everything a cursor must be checked against
-//! (invariant 1 of the design):
+//! (invariant 1 in `docs/design.md`):
 //!
 //! ```text
-//! 9f3a0c12b4e5d6f7-5f1e2d3c4b5a6-2-1a
+//! 9f3a0c12b4e5d6f7-5f1e2d3c4b5a6-2-1a            format 1 (node 0)
 //! └──── owner tag ┘ └── epoch ──┘ │ └ sequence
 //!                                 └ stream
+//! 9f3a0c12b4e5d6f7-3-5f1e2d3c4b5a6-2-1a          format 2 (node 3)
+//!                  └ node
 //! ```
 //!
 //! - the owner *tag*: a keyed SipHash of the session id (16 hex digits,
@@ -20,13 +22,20 @@
 //!   session that presents it;
 //! - the session's *epoch* (its incarnation, never reused);
 //! - the *stream* within the session (the GET stream, one per POST request);
-//! - the *sequence* number within the session's ring.
+//! - the *sequence* number within the session.
 //!
-//! The last three are lowercase hex without leading zeros, so every id has
-//! exactly one spelling: the parser accepts exactly what [`EventId`]'s
-//! `Display` produces and rejects everything else with a typed
-//! [`EventIdError`]. The longest id is 59 bytes of visible ASCII; parsing
-//! makes one pass over the bytes and allocates nothing.
+//! The format is versioned by its field count. Format 1 (four fields) is a
+//! single engine's id, its node implicitly 0. Format 2 (five fields) adds
+//! the minting *node* (1 to 4 hex digits, never 0) after the tag, for
+//! engines that share sessions across machines. The numeric fields are
+//! lowercase hex without leading zeros, so every id has exactly one
+//! spelling: the parser accepts exactly what [`EventId`]'s `Display`
+//! produces and rejects everything else with a typed [`EventIdError`]. The
+//! longest id is 64 bytes of visible ASCII; parsing allocates nothing: one
+//! pass finds the separators, then each field is converted eight digits at
+//! a time (SWAR: validate and convert a word of ASCII with a few integer
+//! operations instead of a branch per byte). Input the fast path does not
+//! accept is re-parsed byte by byte for a precise error.
 
 use std::fmt;
 
@@ -35,9 +44,9 @@ use siphasher::sip::SipHasher13;
 /// Length in bytes of a formatted [`SessionId`].
 pub const SESSION_ID_LEN: usize = 32;
 
-/// Longest formatted [`EventId`], in bytes: 16 + 16 + 8 + 16 hex digits and
-/// three separators.
-pub const EVENT_ID_MAX_LEN: usize = 59;
+/// Longest formatted [`EventId`], in bytes: 16 + 4 + 16 + 8 + 16 hex digits
+/// and four separators (format 2).
+pub const EVENT_ID_MAX_LEN: usize = 64;
 
 /// Longest input [`EventId::parse`] looks at; longer input is rejected before
 /// any other check (the design allows ids up to 64 bytes).
@@ -112,9 +121,18 @@ impl SessionId {
             return Err(SessionIdError::WrongLength { len: bytes.len() });
         }
         let mut bits = 0u128;
-        for (at, &b) in bytes.iter().enumerate() {
-            let digit = hex_value(b).ok_or(SessionIdError::InvalidByte { at })?;
-            bits = bits << 4 | u128::from(digit);
+        for (i, word) in bytes.chunks_exact(8).enumerate() {
+            match hex_word(word) {
+                Some(v) => bits = bits << 32 | u128::from(v),
+                None => {
+                    let at = i * 8
+                        + word
+                            .iter()
+                            .position(|&b| hex_value(b).is_none())
+                            .unwrap_or(0);
+                    return Err(SessionIdError::InvalidByte { at });
+                }
+            }
         }
         Ok(SessionId { bits })
     }
@@ -188,6 +206,8 @@ impl fmt::Debug for TagKey {
 pub struct EventId {
     /// Keyed tag of the owner session's id.
     pub tag: u64,
+    /// The node that minted the id; 0 for a single engine (format 1).
+    pub node: u16,
     /// Epoch (incarnation) of the owner session.
     pub epoch: u64,
     /// Stream within the session.
@@ -196,11 +216,14 @@ pub struct EventId {
     pub seq: u64,
 }
 
-/// One of the four fields of an [`EventId`].
+/// One of the fields of an [`EventId`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum IdField {
     /// The owner tag.
     Tag,
+    /// The node (format 2).
+    Node,
     /// The epoch.
     Epoch,
     /// The stream.
@@ -210,12 +233,20 @@ pub enum IdField {
 }
 
 impl IdField {
-    const ORDER: [IdField; 4] = [IdField::Tag, IdField::Epoch, IdField::Stream, IdField::Seq];
+    const FORMAT_1: [IdField; 4] = [IdField::Tag, IdField::Epoch, IdField::Stream, IdField::Seq];
+    const FORMAT_2: [IdField; 5] = [
+        IdField::Tag,
+        IdField::Node,
+        IdField::Epoch,
+        IdField::Stream,
+        IdField::Seq,
+    ];
 
     const fn max_digits(self) -> usize {
         match self {
             IdField::Tag | IdField::Epoch | IdField::Seq => 16,
             IdField::Stream => 8,
+            IdField::Node => 4,
         }
     }
 }
@@ -224,6 +255,7 @@ impl fmt::Display for IdField {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
             IdField::Tag => "owner tag",
+            IdField::Node => "node",
             IdField::Epoch => "epoch",
             IdField::Stream => "stream",
             IdField::Seq => "sequence",
@@ -253,10 +285,12 @@ pub enum EventIdError {
         /// Offset of the first bad byte.
         at: usize,
     },
-    /// The id does not have exactly four `-`-separated fields.
+    /// The id does not have four (format 1) or five (format 2)
+    /// `-`-separated fields.
     FieldCount,
     /// A field is empty, too long, or has a leading zero (every id has
-    /// exactly one spelling); the tag must be exactly 16 digits.
+    /// exactly one spelling); the tag must be exactly 16 digits, a node
+    /// field must not be 0 (node 0 is written in format 1).
     BadField {
         /// The offending field.
         field: IdField,
@@ -283,7 +317,7 @@ impl fmt::Display for EventIdError {
                 )
             }
             EventIdError::FieldCount => {
-                f.write_str("event id does not have four '-'-separated fields")
+                f.write_str("event id does not have four or five '-'-separated fields")
             }
             EventIdError::BadField { field } => {
                 write!(
@@ -298,55 +332,13 @@ impl fmt::Display for EventIdError {
 impl std::error::Error for EventIdError {}
 
 impl EventId {
-    /// Parses a presented cursor. One pass, no allocation; accepts exactly
-    /// the spellings `Display` produces.
+    /// Parses a presented cursor. Allocates nothing; accepts exactly the
+    /// spellings `Display` produces.
+    #[inline]
     pub fn parse(s: &str) -> Result<EventId, EventIdError> {
-        let bytes = s.as_bytes();
-        if bytes.is_empty() {
-            return Err(EventIdError::Empty);
-        }
-        if bytes.len() > EVENT_ID_INPUT_LIMIT {
-            return Err(EventIdError::TooLong { len: bytes.len() });
-        }
-        let mut values = [0u64; 4];
-        let mut field = 0usize;
-        let mut digits = 0usize;
-        let mut leading_zero = false;
-        for (at, &b) in bytes.iter().enumerate() {
-            if !(0x21..=0x7e).contains(&b) {
-                return Err(EventIdError::NotVisibleAscii { at });
-            }
-            if b == b'-' {
-                check_field(IdField::ORDER[field], digits, leading_zero)?;
-                field += 1;
-                if field == 4 {
-                    return Err(EventIdError::FieldCount);
-                }
-                digits = 0;
-                continue;
-            }
-            let digit = hex_value(b).ok_or(EventIdError::UnexpectedByte { at })?;
-            let which = IdField::ORDER[field];
-            if digits == which.max_digits() {
-                return Err(EventIdError::BadField { field: which });
-            }
-            if digits == 0 {
-                leading_zero = digit == 0;
-            }
-            values[field] = values[field] << 4 | u64::from(digit);
-            digits += 1;
-        }
-        if field != 3 {
-            return Err(EventIdError::FieldCount);
-        }
-        check_field(IdField::Seq, digits, leading_zero)?;
-        Ok(EventId {
-            tag: values[0],
-            epoch: values[1],
-            // Bounded to 8 digits above, so it fits.
-            stream: values[2] as u32,
-            seq: values[3],
-        })
+        parse_fast(s.as_bytes())
+            .ok_or(())
+            .or_else(|()| parse_exact(s.as_bytes()))
     }
 
     /// The id formatted into a stack buffer.
@@ -354,6 +346,10 @@ impl EventId {
         let mut buf = IdBuf::new();
         buf.push_hex_fixed(u128::from(self.tag), 16);
         buf.push_byte(b'-');
+        if self.node != 0 {
+            buf.push_hex(u64::from(self.node));
+            buf.push_byte(b'-');
+        }
         buf.push_hex(self.epoch);
         buf.push_byte(b'-');
         buf.push_hex(u64::from(self.stream));
@@ -363,9 +359,164 @@ impl EventId {
     }
 }
 
-fn check_field(field: IdField, digits: usize, leading_zero: bool) -> Result<(), EventIdError> {
+/// The fast path: finds the separators, converts each field with SWAR.
+/// `None` for anything it does not accept (then [`parse_exact`] says why).
+#[inline]
+fn parse_fast(b: &[u8]) -> Option<EventId> {
+    if b.len() > EVENT_ID_INPUT_LIMIT || b.len() < 22 {
+        return None;
+    }
+    let mut seps = [0usize; 4];
+    let mut n = 0;
+    for (i, &c) in b.iter().enumerate() {
+        if c == b'-' {
+            if n == 4 {
+                return None;
+            }
+            seps[n] = i;
+            n += 1;
+        }
+    }
+    if seps[0] != 16 {
+        return None;
+    }
+    let tag = hex_word(&b[..8])? << 32 | hex_word(&b[8..16])?;
+    let field = |from: usize, to: usize, max: usize| canonical(&b[from..to], max);
+    let (node, rest) = match n {
+        3 => (0, &seps[..3]),
+        4 => {
+            let node = field(17, seps[1], 4)?;
+            if node == 0 {
+                return None;
+            }
+            (node as u16, &seps[1..4])
+        }
+        _ => return None,
+    };
+    Some(EventId {
+        tag,
+        node,
+        epoch: field(rest[0] + 1, rest[1], 16)?,
+        stream: field(rest[1] + 1, rest[2], 8)? as u32,
+        seq: field(rest[2] + 1, b.len(), 16)?,
+    })
+}
+
+/// A canonical field of at most `max` digits: no leading zero unless it is
+/// exactly "0".
+#[inline]
+fn canonical(digits: &[u8], max: usize) -> Option<u64> {
+    let n = digits.len();
+    if n == 0 || n > max || (n > 1 && digits[0] == b'0') {
+        return None;
+    }
+    if n <= 8 {
+        let mut word = [b'0'; 8];
+        word[8 - n..].copy_from_slice(digits);
+        hex_word(&word)
+    } else {
+        let mut words = [b'0'; 16];
+        words[16 - n..].copy_from_slice(digits);
+        Some(hex_word(&words[..8])? << 32 | hex_word(&words[8..])?)
+    }
+}
+
+/// Eight lowercase hex digits to their value, or `None` if any byte is not
+/// one: validate and convert the word at once (SWAR).
+#[inline]
+fn hex_word(digits: &[u8]) -> Option<u64> {
+    const ONES: u64 = 0x0101_0101_0101_0101;
+    let x = u64::from_le_bytes(digits.try_into().ok()?);
+    // Letters 'a'..'f' have bit 6 set, digits do not: value = low nibble,
+    // plus 9 for letters. No byte can carry into the next (max 15 + 9).
+    let letter = (x & (0x40 * ONES)) >> 6;
+    let value = (x & (0x0f * ONES)) + letter * 9;
+    // Re-spell the values and compare: only valid digits survive the trip
+    // ('g' gives 16, ':' gives 'a', 'A' gives 'a', non-ASCII never matches).
+    let is_letter = ((value + 0x76 * ONES) & (0x80 * ONES)) >> 7;
+    let spelled = value + 0x30 * ONES + is_letter * 0x27;
+    if value & (0xf0 * ONES) != 0 || spelled != x {
+        return None;
+    }
+    // Gather the eight nibbles, first digit most significant.
+    let v = (value << 4 | value >> 8) & 0x00ff_00ff_00ff_00ff;
+    let v = (v << 8 | v >> 16) & 0x0000_ffff_0000_ffff;
+    Some((v << 16 | v >> 32) & 0xffff_ffff)
+}
+
+/// The byte-by-byte parser: the reference for what is accepted, and the
+/// source of precise errors.
+fn parse_exact(bytes: &[u8]) -> Result<EventId, EventIdError> {
+    if bytes.is_empty() {
+        return Err(EventIdError::Empty);
+    }
+    if bytes.len() > EVENT_ID_INPUT_LIMIT {
+        return Err(EventIdError::TooLong { len: bytes.len() });
+    }
+    let fields = bytes.iter().filter(|&&b| b == b'-').count() + 1;
+    let order: &[IdField] = if fields == 5 {
+        &IdField::FORMAT_2
+    } else {
+        &IdField::FORMAT_1
+    };
+    let mut values = [0u64; 5];
+    let mut field = 0usize;
+    let mut digits = 0usize;
+    let mut leading_zero = false;
+    for (at, &b) in bytes.iter().enumerate() {
+        if !(0x21..=0x7e).contains(&b) {
+            return Err(EventIdError::NotVisibleAscii { at });
+        }
+        if b == b'-' {
+            check_field(order[field], digits, leading_zero, values[field])?;
+            field += 1;
+            if field == order.len() {
+                return Err(EventIdError::FieldCount);
+            }
+            digits = 0;
+            continue;
+        }
+        let digit = hex_value(b).ok_or(EventIdError::UnexpectedByte { at })?;
+        let which = order[field];
+        if digits == which.max_digits() {
+            return Err(EventIdError::BadField { field: which });
+        }
+        if digits == 0 {
+            leading_zero = digit == 0;
+        }
+        values[field] = values[field] << 4 | u64::from(digit);
+        digits += 1;
+    }
+    if field != order.len() - 1 {
+        return Err(EventIdError::FieldCount);
+    }
+    check_field(IdField::Seq, digits, leading_zero, values[field])?;
+    let (node, rest) = if order.len() == 5 {
+        // Bounded to 4 digits above, so it fits.
+        (values[1] as u16, &values[2..5])
+    } else {
+        (0, &values[1..4])
+    };
+    Ok(EventId {
+        tag: values[0],
+        node,
+        epoch: rest[0],
+        // Bounded to 8 digits above, so it fits.
+        stream: rest[1] as u32,
+        seq: rest[2],
+    })
+}
+
+fn check_field(
+    field: IdField,
+    digits: usize,
+    leading_zero: bool,
+    value: u64,
+) -> Result<(), EventIdError> {
     let ok = match field {
         IdField::Tag => digits == 16,
+        // Node 0 is spelled in format 1, never as a node field.
+        IdField::Node => digits >= 1 && !leading_zero && value != 0,
         // "0" is the one spelling of zero; "00", "01" are not canonical.
         _ => digits >= 1 && !(leading_zero && digits > 1),
     };
@@ -458,6 +609,7 @@ mod tests {
     fn id(tag: u64, epoch: u64, stream: u32, seq: u64) -> EventId {
         EventId {
             tag,
+            node: 0,
             epoch,
             stream,
             seq,
@@ -469,8 +621,33 @@ mod tests {
         let e = id(0x9f3a_0c12_b4e5_d6f7, 0x5f1e2d3c4b5a6, 2, 0x1a);
         assert_eq!(e.to_string(), "9f3a0c12b4e5d6f7-5f1e2d3c4b5a6-2-1a");
         assert_eq!(id(0, 0, 0, 0).to_string(), "0000000000000000-0-0-0");
-        let max = id(u64::MAX, u64::MAX, u32::MAX, u64::MAX).to_string();
+        let max = EventId {
+            node: u16::MAX,
+            ..id(u64::MAX, u64::MAX, u32::MAX, u64::MAX)
+        }
+        .to_string();
         assert_eq!(max.len(), EVENT_ID_MAX_LEN);
+        let noded = EventId {
+            node: 3,
+            ..id(0x9f3a_0c12_b4e5_d6f7, 0x5f1e2d3c4b5a6, 2, 0x1a)
+        };
+        assert_eq!(noded.to_string(), "9f3a0c12b4e5d6f7-3-5f1e2d3c4b5a6-2-1a");
+        assert_eq!(EventId::parse(&noded.to_string()), Ok(noded));
+    }
+
+    #[test]
+    fn hex_words_accept_exactly_lowercase_hex() {
+        assert_eq!(hex_word(b"0123abcf"), Some(0x0123_abcf));
+        assert_eq!(hex_word(b"ffffffff"), Some(0xffff_ffff));
+        assert_eq!(hex_word(b"00000000"), Some(0));
+        for bad in 0..=255u8 {
+            let ok = bad.is_ascii_digit() || (b'a'..=b'f').contains(&bad);
+            for at in 0..8 {
+                let mut w = *b"12345678";
+                w[at] = bad;
+                assert_eq!(hex_word(&w).is_some(), ok, "byte {bad:#x} at {at}");
+            }
+        }
     }
 
     #[test]
@@ -485,7 +662,25 @@ mod tests {
             ("0000000000000000-1-2-A", UnexpectedByte { at: 21 }),
             ("0000000000000000_1-2-3", UnexpectedByte { at: 16 }),
             ("0000000000000000-1-2", FieldCount),
-            ("0000000000000000-1-2-3-4", FieldCount),
+            ("0000000000000000-1-2-3-4-5", FieldCount),
+            (
+                "0000000000000000-0-1-2-3",
+                BadField {
+                    field: IdField::Node,
+                },
+            ),
+            (
+                "0000000000000000-01-1-2-3",
+                BadField {
+                    field: IdField::Node,
+                },
+            ),
+            (
+                "0000000000000000-12345-1-2-3",
+                BadField {
+                    field: IdField::Node,
+                },
+            ),
             (
                 "000000000000000-1-2-3",
                 BadField {
@@ -592,8 +787,8 @@ mod tests {
         #![proptest_config(ProptestConfig::with_cases(if cfg!(miri) { 16 } else { 2048 }))]
 
         #[test]
-        fn event_ids_round_trip(tag: u64, epoch: u64, stream: u32, seq: u64) {
-            let e = id(tag, epoch, stream, seq);
+        fn event_ids_round_trip(tag: u64, node: u16, epoch: u64, stream: u32, seq: u64) {
+            let e = EventId { node, ..id(tag, epoch, stream, seq) };
             let s = e.to_string();
             prop_assert!(s.len() <= EVENT_ID_MAX_LEN);
             prop_assert!(s.bytes().all(|b| (0x21..=0x7e).contains(&b)));
@@ -604,7 +799,23 @@ mod tests {
         fn parser_accepts_only_canonical_spellings(input in "[0-9a-f-]{0,70}|\\PC{0,70}") {
             // Whatever parses must print back to exactly the input.
             if let Ok(e) = EventId::parse(&input) {
-                prop_assert_eq!(e.to_string(), input);
+                prop_assert_eq!(&e.to_string(), &input);
+            }
+            // The fast path accepts exactly what the reference accepts.
+            let fast = parse_fast(input.as_bytes());
+            prop_assert_eq!(fast, parse_exact(input.as_bytes()).ok());
+        }
+
+        #[test]
+        fn near_misses_of_real_ids_agree(tag: u64, epoch: u64, stream: u32, seq: u64, at: usize, byte: u8) {
+            let mut s = id(tag, epoch, stream, seq).to_string().into_bytes();
+            let at = at % s.len();
+            s[at] = byte;
+            if let Ok(input) = std::str::from_utf8(&s) {
+                prop_assert_eq!(parse_fast(&s), parse_exact(&s).ok());
+                if let Ok(e) = EventId::parse(input) {
+                    prop_assert_eq!(e.to_string(), input);
+                }
             }
         }
 

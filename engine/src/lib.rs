@@ -31,20 +31,25 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
-//! The pieces: [`Engine`] (sessions, budgets, metrics), [`SessionHandle`]
-//! (append, streams), [`Engine::resume`] (facts → policy → safe verdict →
-//! [`ResumeAction`]), [`Replay`] (one read loop for replay and live
-//! delivery), [`ring`] (the lock-free ring), [`policy`] (the policy trait,
-//! the native reference, and the WebAssembly host).
+//! The pieces: [`Engine`] (sessions, admission, metrics), [`SessionHandle`]
+//! (append, streams, attachments), [`Engine::resume`] (facts → policy →
+//! safe verdict → [`ResumeAction`]), [`Replay`] (one read loop for replay
+//! and live delivery), [`policy`] (the policy trait, the native reference,
+//! and the WebAssembly host). Events live in one segment pool per engine;
+//! `docs/storage.md` describes its layout and protocol.
 #![cfg_attr(not(test), warn(missing_docs))]
 
-pub mod ring;
+pub(crate) mod storage;
 pub(crate) mod sync;
 
+#[cfg(not(loom))]
+mod clock;
 #[cfg(not(loom))]
 mod config;
 #[cfg(not(loom))]
 mod engine;
+#[cfg(not(loom))]
+mod handle;
 #[cfg(not(loom))]
 pub mod id;
 #[cfg(not(loom))]
@@ -57,11 +62,14 @@ mod replay;
 mod resume;
 #[cfg(not(loom))]
 mod session;
+#[cfg(not(loom))]
+mod shared;
 
 #[cfg(not(loom))]
 pub use crate::{
     config::{Config, ConfigError},
-    engine::{AppendError, Engine, OpenError, SessionHandle},
+    engine::Engine,
+    handle::{AppendError, CallGuard, SessionHandle},
     id::{EventId, EventIdError, SessionId, SessionIdError, TagKey},
     metrics::MetricsSnapshot,
     policy::{
@@ -70,4 +78,6 @@ pub use crate::{
     },
     replay::{Replay, ReplayError},
     resume::{Rejection, ResumeAction, ResumeDecision, ResumeRequest, Signal, SignalKind},
+    session::{Attachment, EndReason, Waiter},
+    shared::OpenError,
 };

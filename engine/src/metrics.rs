@@ -1,16 +1,15 @@
 //! Engine counters, readable at any time without a lock.
 //!
-//! Appends happen on every thread at once, so a single shared counter would
-//! be a cache line bounced between cores on every event — the very cost the
-//! rings avoid. Counters are therefore *striped*: each thread adds to the
-//! stripe it was assigned (round-robin, on first use) and a snapshot sums
-//! the stripes. Each stripe is one `CachePadded` array, so two threads on
-//! different stripes never share a line. Totals are exact once writers are
-//! quiet; a snapshot taken during traffic is a consistent-enough sum of
-//! monotone counters (each stripe is read once).
-//!
-//! Gauges that change only on session open/close (`bytes_held`,
-//! `sessions_live`) are plain atomics.
+//! Nothing is counted per append: the number of events appended is derived
+//! from the sessions' sequence numbers when a snapshot is taken (live
+//! sessions' high-water marks plus what ended sessions had reached), and
+//! pool use from the pool's free counter. What is counted — replayed events
+//! (added per batch by each reader), refusals, session ends, verdicts — goes
+//! into *striped* counters: each thread adds to the stripe it was assigned
+//! (round-robin, on first use) and a snapshot sums the stripes, so two
+//! threads on different stripes never share a line. Totals are exact once
+//! writers are quiet; a snapshot taken during traffic is a consistent-enough
+//! sum of monotone counters (each stripe is read once).
 
 use std::cell::Cell;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -26,17 +25,17 @@ const STRIPES: usize = 16;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(usize)]
 pub(crate) enum Counter {
-    Appends,
-    AppendedBytes,
     AppendsRefused,
     EventsReplayed,
     ReplayedBytes,
-    Lagged,
+    ReaderGaps,
     SessionsOpened,
+    SessionsRefused,
     SessionsClosed,
     SessionsExpired,
     SessionsEvicted,
-    Resumes,
+    /// Events of ended sessions: their high-water marks, added at the end.
+    EndedAppends,
     // One per verdict, in verdict-code order.
     VerdictResume,
     VerdictFresh,
@@ -82,9 +81,7 @@ impl Counter {
 #[derive(Debug)]
 pub(crate) struct Metrics {
     stripes: Box<[CachePadded<[AtomicU64; COUNTERS]>]>,
-    /// Bytes of ring memory held by live sessions. Changed on open/close.
-    pub(crate) bytes_held: AtomicU64,
-    /// Number of live sessions. Changed on open/close.
+    /// Number of live sessions. Changed on open and end.
     pub(crate) sessions_live: AtomicU64,
 }
 
@@ -112,7 +109,6 @@ impl Metrics {
             stripes: (0..STRIPES)
                 .map(|_| CachePadded::new(std::array::from_fn(|_| AtomicU64::new(0))))
                 .collect(),
-            bytes_held: AtomicU64::new(0),
             sessions_live: AtomicU64::new(0),
         }
     }
@@ -125,7 +121,7 @@ impl Metrics {
     }
 
     /// Adds `a` to counter `ca` and `b` to counter `cb`, with one stripe
-    /// lookup.
+    /// lookup (a reader's batch of events and bytes).
     #[inline]
     pub(crate) fn add_pair(&self, ca: Counter, a: u64, cb: Counter, b: u64) {
         let stripe = &self.stripes[my_stripe()];
@@ -136,7 +132,6 @@ impl Metrics {
     #[inline]
     pub(crate) fn verdict(&self, v: Verdict, fault: Option<PolicyFault>) {
         let stripe = &self.stripes[my_stripe()];
-        stripe[Counter::Resumes as usize].fetch_add(1, Ordering::Relaxed);
         stripe[Counter::verdict(v) as usize].fetch_add(1, Ordering::Relaxed);
         if let Some(f) = fault {
             stripe[Counter::fault(f) as usize].fetch_add(1, Ordering::Relaxed);
@@ -150,26 +145,30 @@ impl Metrics {
             .sum()
     }
 
-    pub(crate) fn snapshot(&self) -> MetricsSnapshot {
+    /// A snapshot; `live_appends` is the sum of the live sessions'
+    /// high-water marks, `pool` the pool's capacity and free bytes.
+    pub(crate) fn snapshot(&self, live_appends: u64, pool: (u64, u64)) -> MetricsSnapshot {
+        let verdicts: [u64; 7] = std::array::from_fn(|i| {
+            self.sum(Counter::verdict(
+                Verdict::from_code(i as u32).expect("dense codes"),
+            ))
+        });
         MetricsSnapshot {
-            appends: self.sum(Counter::Appends),
-            appended_bytes: self.sum(Counter::AppendedBytes),
+            appends: live_appends + self.sum(Counter::EndedAppends),
             appends_refused: self.sum(Counter::AppendsRefused),
             events_replayed: self.sum(Counter::EventsReplayed),
             replayed_bytes: self.sum(Counter::ReplayedBytes),
-            lagged_readers: self.sum(Counter::Lagged),
+            reader_gaps: self.sum(Counter::ReaderGaps),
             sessions_opened: self.sum(Counter::SessionsOpened),
+            sessions_refused: self.sum(Counter::SessionsRefused),
             sessions_closed: self.sum(Counter::SessionsClosed),
             sessions_expired: self.sum(Counter::SessionsExpired),
             sessions_evicted: self.sum(Counter::SessionsEvicted),
             sessions_live: self.sessions_live.load(Ordering::Relaxed),
-            bytes_held: self.bytes_held.load(Ordering::Relaxed),
-            resumes: self.sum(Counter::Resumes),
-            verdicts: std::array::from_fn(|i| {
-                self.sum(Counter::verdict(
-                    Verdict::from_code(i as u32).expect("dense codes"),
-                ))
-            }),
+            pool_bytes: pool.0,
+            bytes_held: pool.0.saturating_sub(pool.1),
+            resumes: verdicts.iter().sum(),
+            verdicts,
             policy_faults: std::array::from_fn(|i| self.sum(Counter::fault(PolicyFault::ALL[i]))),
         }
     }
@@ -179,29 +178,32 @@ impl Metrics {
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub struct MetricsSnapshot {
-    /// Events appended.
+    /// Events appended (derived from sessions' sequence numbers).
     pub appends: u64,
-    /// Payload bytes appended.
-    pub appended_bytes: u64,
-    /// Appends refused (payload too large, session ended).
+    /// Appends refused (payload too large, session ended, pool exhausted).
     pub appends_refused: u64,
     /// Events handed to readers (replayed or live).
     pub events_replayed: u64,
     /// Payload bytes handed to readers.
     pub replayed_bytes: u64,
-    /// Times a reader found its next event overwritten.
-    pub lagged_readers: u64,
+    /// Times a reader found that events it had not read yet were released
+    /// (each is one `gap` for that reader, however many events it spans).
+    pub reader_gaps: u64,
     /// Sessions opened.
     pub sessions_opened: u64,
+    /// Sessions refused by a session cap.
+    pub sessions_refused: u64,
     /// Sessions closed explicitly.
     pub sessions_closed: u64,
     /// Sessions ended by the idle TTL.
     pub sessions_expired: u64,
-    /// Sessions evicted to stay inside the global byte budget.
+    /// Sessions evicted to stay inside the pool.
     pub sessions_evicted: u64,
     /// Sessions live now.
     pub sessions_live: u64,
-    /// Bytes of ring memory held by live sessions now.
+    /// Bytes of the segment pool (the global budget, less per-unit words).
+    pub pool_bytes: u64,
+    /// Bytes of pool segments held by sessions now.
     pub bytes_held: u64,
     /// Resume decisions made.
     pub resumes: u64,
@@ -239,7 +241,7 @@ mod tests {
                 let m = m.clone();
                 std::thread::spawn(move || {
                     for _ in 0..1000 {
-                        m.add(Counter::Appends, 1);
+                        m.add(Counter::AppendsRefused, 1);
                     }
                     m.verdict(Verdict::Conflict, Some(PolicyFault::OutOfSet));
                 })
@@ -248,8 +250,10 @@ mod tests {
         for t in threads {
             t.join().unwrap();
         }
-        let s = m.snapshot();
-        assert_eq!(s.appends, 4000);
+        let s = m.snapshot(7, (100, 40));
+        assert_eq!(s.appends_refused, 4000);
+        assert_eq!(s.appends, 7);
+        assert_eq!(s.bytes_held, 60);
         assert_eq!(s.resumes, 4);
         assert_eq!(s.verdict_count(Verdict::Conflict), 4);
         assert_eq!(s.verdict_count(Verdict::Resume), 0);

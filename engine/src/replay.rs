@@ -1,35 +1,35 @@
 //! Readers of one stream of one session: replay and live delivery in one loop.
 //!
-//! A [`Replay`] is a position in its session's ring. `next_into` returns the
-//! next event of its stream after that position, or `None` once it has
+//! A [`Replay`] is a position in its session's window. `next_into` returns
+//! the next event of its stream after that position, or `None` once it has
 //! caught up with the writers; the caller then waits (`listen`, or
 //! `wait_next`) and calls again. Replaying old events and delivering new
-//! ones is the same loop over the same ring (invariant 7 of the design), so
-//! there is no window between "replay finished" and "live subscription
-//! registered" in which an event could be stored but sent nowhere, and no
-//! event is delivered twice.
+//! ones is the same loop over the same segments (invariant 7 in
+//! `docs/design.md`), so there is no window between "replay finished" and
+//! "live subscription registered" in which an event could be stored but
+//! sent nowhere, and no event is delivered twice.
 //!
-//! The reader only ever reads the ring of the session it was made from
-//! (invariant 2): there is no way to point it at another session's events.
+//! The reader only ever reads the window of the session it was made from,
+//! and every segment it reads names that session (invariant 2): there is no
+//! way to point it at another session's events.
 
 use std::fmt;
-use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use event_listener::{EventListener, Listener};
-
-use crate::engine::Shared;
+use crate::handle::SessionHandle;
 use crate::id::EventId;
-use crate::metrics::Counter;
-use crate::ring::SlotRead;
-use crate::session::Session;
+use crate::metrics::{Counter, Metrics};
+use crate::session::Waiter;
+use crate::storage::{Cursor, Read};
 
 /// Why a reader cannot go on from where it is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum ReplayError {
-    /// Events after the reader's position were overwritten before it read
-    /// them: the stream has a gap. [`Replay::skip_gap`] moves past it.
+    /// Events after the reader's position were released before it read
+    /// them (retention, or the pool making room): the stream has a gap.
+    /// [`Replay::skip_gap`] moves past it.
     Lagged {
         /// The reader's position: the last event it delivered (or its
         /// starting cursor).
@@ -37,8 +37,7 @@ pub enum ReplayError {
         /// The first sequence number that could not be read.
         missing_seq: u64,
     },
-    /// The session ended (closed, expired, evicted) and every event
-    /// appended before the end has been delivered.
+    /// The session ended (closed, expired, evicted); its events are gone.
     SessionEnded,
 }
 
@@ -47,7 +46,7 @@ impl fmt::Display for ReplayError {
         match self {
             ReplayError::Lagged { after, missing_seq } => write!(
                 f,
-                "reader lagged: events after {after} (from sequence {missing_seq}) were overwritten"
+                "reader lagged: events after {after} (from sequence {missing_seq}) were released"
             ),
             ReplayError::SessionEnded => f.write_str("the session has ended"),
         }
@@ -57,12 +56,12 @@ impl fmt::Display for ReplayError {
 impl std::error::Error for ReplayError {}
 
 /// A reader of one stream of one session, from a position onward.
+///
+/// While it exists the session counts as busy (never evicted).
 pub struct Replay {
-    session: Arc<Session>,
-    shared: Arc<Shared>,
+    handle: SessionHandle,
     stream: u32,
-    /// Next sequence number to look at.
-    next_seq: u64,
+    cursor: Cursor,
     /// Sequence number of the last event delivered (or the start cursor).
     position: u64,
     /// Events and bytes delivered but not yet added to the engine's
@@ -79,7 +78,7 @@ const REPORT_EVERY: u64 = 64;
 impl fmt::Debug for Replay {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Replay")
-            .field("session", &self.session.id)
+            .field("session", &self.handle.id())
             .field("stream", &self.stream)
             .field("position", &self.position)
             .finish()
@@ -87,20 +86,20 @@ impl fmt::Debug for Replay {
 }
 
 impl Replay {
-    pub(crate) fn new(
-        session: Arc<Session>,
-        shared: Arc<Shared>,
-        stream: u32,
-        after: u64,
-    ) -> Replay {
+    pub(crate) fn new(handle: SessionHandle, stream: u32, after: u64) -> Replay {
+        handle.session.busy.fetch_add(1, Ordering::Relaxed);
         Replay {
-            session,
-            shared,
+            cursor: handle.session.window.cursor_after(after),
+            handle,
             stream,
-            next_seq: after + 1,
             position: after,
             unreported: (0, 0),
         }
+    }
+
+    /// The session this reader reads.
+    pub fn session(&self) -> &SessionHandle {
+        &self.handle
     }
 
     /// The stream this reader delivers.
@@ -111,76 +110,75 @@ impl Replay {
     /// The id of the last event delivered, or of the starting cursor: what
     /// a client would send as `Last-Event-ID` to continue from here.
     pub fn position(&self) -> EventId {
-        self.session.event_id(self.stream, self.position)
+        self.handle.session.event_id(self.stream, self.position)
     }
 
     /// The next event of the stream: its id, with its payload in `buf`
     /// (cleared first). `Ok(None)` when caught up with the writers.
     pub fn next_into(&mut self, buf: &mut Vec<u8>) -> Result<Option<EventId>, ReplayError> {
-        let ring = &self.session.ring;
-        loop {
-            let seq = self.next_seq;
-            match ring.read(seq, Some(self.stream), buf) {
-                SlotRead::Event(meta) => {
-                    self.next_seq = seq + 1;
-                    self.position = seq;
-                    self.unreported.0 += 1;
-                    self.unreported.1 += meta.len as u64;
-                    if self.unreported.0 >= REPORT_EVERY {
-                        self.report();
-                    }
-                    return Ok(Some(self.session.event_id(self.stream, seq)));
+        let s = &*self.handle.session;
+        let metrics = &self.handle.shared.metrics;
+        let read = s.window.read(
+            &self.handle.shared.pool,
+            s.owner(),
+            &mut self.cursor,
+            Some(self.stream),
+            buf,
+        );
+        match read {
+            Read::Event(meta) => {
+                self.position = meta.seq;
+                self.unreported.0 += 1;
+                self.unreported.1 += meta.len as u64;
+                if self.unreported.0 >= REPORT_EVERY {
+                    report(metrics, &mut self.unreported);
                 }
-                SlotRead::OtherStream(_) => self.next_seq = seq + 1,
-                SlotRead::Pending => {
-                    self.report();
-                    // Checked only when caught up: events appended before
-                    // the end are still delivered.
-                    if self.session.is_ended() {
-                        return Err(ReplayError::SessionEnded);
-                    }
-                    return Ok(None);
+                Ok(Some(s.event_id(self.stream, meta.seq)))
+            }
+            Read::Pending => {
+                report(metrics, &mut self.unreported);
+                if s.is_ended() {
+                    return Err(ReplayError::SessionEnded);
                 }
-                SlotRead::Overwritten => {
-                    self.report();
-                    self.shared.metrics.add(Counter::Lagged, 1);
-                    return Err(ReplayError::Lagged {
-                        after: self.position(),
-                        missing_seq: seq,
-                    });
+                Ok(None)
+            }
+            Read::Lagged { missing } => {
+                report(metrics, &mut self.unreported);
+                if s.is_ended() {
+                    return Err(ReplayError::SessionEnded);
                 }
+                metrics.add(Counter::ReaderGaps, 1);
+                Err(ReplayError::Lagged {
+                    after: s.event_id(self.stream, self.position),
+                    missing_seq: missing,
+                })
+            }
+            Read::Ended => {
+                report(metrics, &mut self.unreported);
+                Err(ReplayError::SessionEnded)
             }
         }
     }
 
-    /// Adds what this reader delivered since the last report to the
-    /// engine's counters.
-    fn report(&mut self) {
-        let (events, bytes) = std::mem::take(&mut self.unreported);
-        if events > 0 {
-            self.shared.metrics.add_pair(
-                Counter::EventsReplayed,
-                events,
-                Counter::ReplayedBytes,
-                bytes,
-            );
-        }
-    }
-
-    /// After [`ReplayError::Lagged`]: moves to the oldest event the ring
+    /// After [`ReplayError::Lagged`]: moves to the oldest event the session
     /// still holds and returns its sequence number. Events between are lost
     /// to this reader; tell the client (a `gap` signal).
     pub fn skip_gap(&mut self) -> u64 {
-        let oldest = self.session.ring.oldest_retained().max(self.next_seq);
-        self.next_seq = oldest;
+        let s = &self.handle.session;
+        let oldest = s
+            .window
+            .oldest_retained(&self.handle.shared.pool)
+            .max(self.cursor.seq);
+        self.cursor = s.window.cursor_after(oldest - 1);
         oldest
     }
 
-    /// A listener that fires on the session's next append (or its end).
-    /// Create it, call `next_into` once more, and wait only if that returned
+    /// A registration for the session's next append (or its end). Create
+    /// it, call `next_into` once more, and wait only if that returned
     /// `None`: an append between the two calls is then never missed.
-    pub fn listen(&self) -> EventListener {
-        self.session.listen()
+    /// Appenders pay for a wake-up only while a reader is registered.
+    pub fn listen(&self) -> Waiter {
+        self.handle.session.listen()
     }
 
     /// Blocks the thread until the next event, the end of the session, or
@@ -196,19 +194,34 @@ impl Replay {
             if let Some(id) = self.next_into(buf)? {
                 return Ok(Some(id));
             }
-            let listener = self.listen();
+            let waiter = self.listen();
             if let Some(id) = self.next_into(buf)? {
                 return Ok(Some(id));
             }
-            if listener.wait_deadline(deadline).is_none() && Instant::now() >= deadline {
+            if !waiter.wait_deadline(deadline) && Instant::now() >= deadline {
                 return self.next_into(buf);
             }
         }
     }
 }
 
+/// Adds what a reader delivered since its last report to the engine's
+/// counters.
+fn report(metrics: &Metrics, unreported: &mut (u64, u64)) {
+    let (events, bytes) = std::mem::take(unreported);
+    if events > 0 {
+        metrics.add_pair(
+            Counter::EventsReplayed,
+            events,
+            Counter::ReplayedBytes,
+            bytes,
+        );
+    }
+}
+
 impl Drop for Replay {
     fn drop(&mut self) {
-        self.report();
+        report(&self.handle.shared.metrics, &mut self.unreported);
+        self.handle.session.busy.fetch_sub(1, Ordering::Relaxed);
     }
 }

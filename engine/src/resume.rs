@@ -9,8 +9,9 @@
 //!    verdict; [`clamp`] replaces anything outside the safe set by the
 //!    default (invariant 6).
 //! 3. **Action.** Only a `Resume` verdict yields a reader positioned after
-//!    the cursor, and it reads the presented session's own ring, on the
-//!    cursor's stream (invariant 2). A fresh stream carries the session
+//!    the cursor, and it reads the presented session's own window, on the
+//!    cursor's stream (invariant 2); the reader carries the session, so the
+//!    embedding needs no second lookup. A fresh stream carries the session
 //!    handle and, for `reset`/`gap`, the signal to send first.
 
 use std::fmt;
@@ -18,12 +19,13 @@ use std::sync::Arc;
 
 use rewind_policy_sdk::{CursorFact, ResumeFacts, SessionFact, Verdict, UNKNOWN};
 
-use crate::engine::{Engine, SessionHandle, Shared};
+use crate::engine::Engine;
+use crate::handle::SessionHandle;
 use crate::id::{EventId, SessionId};
 use crate::policy::{clamp, PolicyFault};
 use crate::replay::Replay;
-use crate::ring::SlotRead;
-use crate::session::{Session, NO_STREAM};
+use crate::session::Session;
+use crate::shared::Shared;
 
 /// What a reconnecting client presented.
 #[derive(Debug, Clone, Copy, Default)]
@@ -55,6 +57,7 @@ pub struct ResumeDecision {
 #[derive(Debug)]
 pub enum ResumeAction {
     /// Replay the cursor's stream after the cursor, then keep reading live.
+    /// [`Replay::session`] is the presented session.
     Replay(Replay),
     /// Start a fresh stream. `session` is the live session the stream
     /// belongs to, or `None` when there is none (the embedding must open a
@@ -122,7 +125,23 @@ pub struct Signal {
 }
 
 impl Signal {
-    /// The SSE `data:` body: a small JSON object.
+    /// The signal a reader sends when events after its position were
+    /// released while it streamed (a [`ReplayError::Lagged`]): the same
+    /// `gap` a resume from that position would get.
+    ///
+    /// [`ReplayError::Lagged`]: crate::ReplayError::Lagged
+    pub fn lagged(after: EventId, oldest: Option<EventId>) -> Signal {
+        Signal {
+            kind: SignalKind::Gap,
+            reason: GAP_REASON,
+            cursor: Some(after),
+            oldest,
+        }
+    }
+
+    /// The SSE `data:` body: a small JSON object, `reason` always, then
+    /// `cursor` (the client's position) and `oldest` (the oldest event
+    /// still held) when known.
     pub fn to_json(&self) -> String {
         let mut out = format!("{{\"reason\":\"{}\"", self.reason);
         // Ids are hex digits and '-', so they need no escaping.
@@ -136,6 +155,10 @@ impl Signal {
         out
     }
 }
+
+/// Why a `gap` is sent: the same words for a resume before the window and a
+/// reader overtaken while it streamed.
+const GAP_REASON: &str = "events after Last-Event-ID are no longer retained";
 
 impl fmt::Display for Signal {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -159,9 +182,10 @@ impl Engine {
         let answer = self.shared.policy.decide(&c.facts);
         let (verdict, fault) = clamp(&c.facts, answer);
         self.shared.metrics.verdict(verdict, fault);
-        let action = self.shared.act(&c, verdict);
+        let facts = c.facts;
+        let action = self.shared.act(c, verdict);
         ResumeDecision {
-            facts: c.facts,
+            facts,
             verdict,
             generation: answer.generation,
             fault,
@@ -205,7 +229,7 @@ impl Shared {
             (None, _) => CursorFact::Absent,
             (Some(Err(_)), _) => CursorFact::Malformed,
             (Some(Ok(_)), None) => CursorFact::Unchecked,
-            (Some(Ok(c)), Some(s)) => classify_cursor(s, c, now, &mut facts),
+            (Some(Ok(c)), Some(s)) => classify_cursor(self, s, c, now, &mut facts),
         };
         if let Some(s) = &session {
             s.touch(now);
@@ -218,15 +242,13 @@ impl Shared {
         }
     }
 
-    fn act(self: &Arc<Self>, c: &Classified, verdict: Verdict) -> ResumeAction {
-        let handle = || {
-            c.session
-                .as_ref()
-                .filter(|_| c.facts.session_fact() == Some(SessionFact::Live))
-                .map(|s| SessionHandle {
-                    session: s.clone(),
-                    shared: self.clone(),
-                })
+    fn act(self: &Arc<Self>, c: Classified, verdict: Verdict) -> ResumeAction {
+        let live = c.facts.session_fact() == Some(SessionFact::Live);
+        let handle = |s: &Option<Arc<Session>>| {
+            s.as_ref().filter(|_| live).map(|s| SessionHandle {
+                session: s.clone(),
+                shared: self.clone(),
+            })
         };
         let signal = |kind: SignalKind| {
             let s = c.session.as_ref()?;
@@ -241,25 +263,31 @@ impl Shared {
             })
         };
         match verdict {
-            Verdict::Resume => match (&c.session, c.cursor) {
+            Verdict::Resume => match (c.session, c.cursor) {
                 // The clamp admits Resume only for a live session and an
-                // in-window cursor, so both are present.
-                (Some(s), Some(cur)) => {
-                    ResumeAction::Replay(Replay::new(s.clone(), self.clone(), cur.stream, cur.seq))
-                }
+                // in-window cursor, so both are present. The session's Arc
+                // moves into the reader.
+                (Some(session), Some(cur)) => ResumeAction::Replay(Replay::new(
+                    SessionHandle {
+                        session,
+                        shared: self.clone(),
+                    },
+                    cur.stream,
+                    cur.seq,
+                )),
                 _ => unreachable!("Resume outside the safe set"),
             },
             Verdict::Fresh => ResumeAction::Fresh {
-                session: handle(),
+                session: handle(&c.session),
                 signal: None,
             },
             Verdict::FreshReset => ResumeAction::Fresh {
-                session: handle(),
                 signal: signal(SignalKind::Reset),
+                session: handle(&c.session),
             },
             Verdict::FreshGap => ResumeAction::Fresh {
-                session: handle(),
                 signal: signal(SignalKind::Gap),
+                session: handle(&c.session),
             },
             v => ResumeAction::Reject(Rejection {
                 verdict: v,
@@ -271,13 +299,20 @@ impl Shared {
 
 /// Classifies a well-formed cursor against the live session that presents
 /// it, filling the numeric facts on the way.
-fn classify_cursor(s: &Session, c: EventId, now: u64, facts: &mut ResumeFacts) -> CursorFact {
-    let ring = &s.ring;
-    let high_water = ring.high_water();
+fn classify_cursor(
+    shared: &Shared,
+    s: &Session,
+    c: EventId,
+    now: u64,
+    facts: &mut ResumeFacts,
+) -> CursorFact {
+    let pool = &shared.pool;
+    let high_water = s.window.high_water(pool);
+    let oldest = s.window.oldest_retained(pool);
     facts.high_water = high_water;
-    facts.oldest_retained = ring.oldest_retained();
+    facts.oldest_retained = oldest;
     facts.idle_ms = now.saturating_sub(s.last_active_ms.load(std::sync::atomic::Ordering::Relaxed));
-    if c.tag != s.tag {
+    if c.tag != s.tag || c.node != 0 {
         return CursorFact::Foreign;
     }
     if c.epoch < s.epoch {
@@ -287,27 +322,19 @@ fn classify_cursor(s: &Session, c: EventId, now: u64, facts: &mut ResumeFacts) -
         return CursorFact::Future;
     }
     facts.cursor_seq = c.seq;
-    // Reading with the reserved stream id validates the slot and yields its
-    // header without copying the payload.
-    let mut no_payload = Vec::new();
     facts.cursor_age_ms = if c.seq == 0 {
         now.saturating_sub(s.opened_ms)
     } else {
-        match ring.read(c.seq, Some(NO_STREAM), &mut no_payload) {
-            SlotRead::OtherStream(meta) | SlotRead::Event(meta) => {
-                now.saturating_sub(meta.appended_ms)
-            }
-            SlotRead::Pending | SlotRead::Overwritten => UNKNOWN,
-        }
+        s.window
+            .appended_ms(pool, s.owner(), c.seq)
+            .map_or(UNKNOWN, |ms| now.saturating_sub(ms))
     };
-    if c.seq == high_water {
-        return CursorFact::InWindow;
-    }
-    // In window iff the first event after the cursor is still held (a
-    // writer still finishing it counts as held).
-    match ring.read(c.seq + 1, Some(NO_STREAM), &mut no_payload) {
-        SlotRead::Overwritten => CursorFact::BeforeWindow,
-        _ => CursorFact::InWindow,
+    // In window iff the first event after the cursor is still held (or
+    // not appended yet).
+    if c.seq + 1 >= oldest {
+        CursorFact::InWindow
+    } else {
+        CursorFact::BeforeWindow
     }
 }
 
@@ -326,7 +353,7 @@ fn reason(facts: &ResumeFacts) -> &'static str {
             "Last-Event-ID is from an earlier incarnation of this session"
         }
         (_, Some(CursorFact::Future)) => "Last-Event-ID is beyond anything this session issued",
-        (_, Some(CursorFact::BeforeWindow)) => "events after Last-Event-ID are no longer retained",
+        (_, Some(CursorFact::BeforeWindow)) => GAP_REASON,
         (_, Some(CursorFact::InWindow)) => "resumable",
         _ => "refused by policy",
     }

@@ -9,26 +9,61 @@
 //! lookups. Sharding on top spreads inserts and removals (and the eviction
 //! scan) over independent tables, so a reconnect storm that opens thousands
 //! of sessions does not funnel through one table's resize. There is no global
-//! lock anywhere on the lookup path.
+//! lock anywhere on the lookup path. The registry is the one source of truth
+//! for liveness: an embedding keeps its own per-session state as an
+//! [`Attachment`](crate::Attachment) and hears about every end.
 //!
 //! # Bookkeeping per session
 //!
 //! An idle session costs its [`Session`] record (id, owner tag, epoch,
-//! principal pointer, timestamps, stream counter, flags, the waiter list
-//! pointer and the pointer to its boxed ring), its `Arc` header and its
-//! registry entry: 174 bytes per session measured with a counting allocator
-//! (`engine/tests/memory.rs`, which holds it to the design's 256). The ring,
-//! sized by configuration, comes on top.
+//! principal pointer, timestamps, its [`Window`] — two packed segment
+//! references and a unit count —, counters, the waiter list pointer and the
+//! attachment), its `Arc` header and its registry entry. A session with no
+//! events holds no pool memory at all; `engine/tests/memory.rs` measures
+//! the total with a counting allocator.
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock, Weak};
 
 use event_listener::{Event, EventListener};
 
 use crate::id::{EventId, SessionId};
-use crate::ring::SessionRing;
+use crate::storage::{Owner, Window};
 
 const SHARDS: usize = 16;
+
+/// Why a session ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum EndReason {
+    /// Closed by the embedding ([`Engine::close`](crate::Engine::close),
+    /// [`SessionHandle::close`](crate::SessionHandle::close), re-opened).
+    Closed,
+    /// Idle for longer than the TTL.
+    Expired,
+    /// Ended to make room in the pool (it had no open reader and no call
+    /// in flight).
+    Evicted,
+}
+
+impl EndReason {
+    /// A short stable name, for logs and metric labels.
+    pub const fn name(self) -> &'static str {
+        match self {
+            EndReason::Closed => "closed",
+            EndReason::Expired => "expired",
+            EndReason::Evicted => "evicted",
+        }
+    }
+}
+
+/// Per-session state an embedding keeps with an engine session (the server
+/// keeps its MCP session here). The engine holds it weakly and calls
+/// [`Attachment::ended`] once when the session ends, whoever ended it.
+pub trait Attachment: std::any::Any + Send + Sync {
+    /// The session has ended; no append will succeed any more.
+    fn ended(&self, why: EndReason);
+}
 
 /// One live (or just-ended) session.
 pub(crate) struct Session {
@@ -44,17 +79,25 @@ pub(crate) struct Session {
     /// Engine-clock milliseconds of the last append, resume or touch.
     /// Monotone non-decreasing (updated with `fetch_max`).
     pub(crate) last_active_ms: AtomicU64,
+    /// The retained events.
+    pub(crate) window: Window,
     /// Next stream id to hand out; starts at 1 (stream 0 is the session's
     /// standalone stream, e.g. MCP's GET stream). Never reaches
     /// `u32::MAX`, which is reserved as "no stream".
     pub(crate) next_stream: AtomicU32,
+    /// Readers parked (or about to park) on `appended`; appends notify only
+    /// when it is non-zero. See [`Session::listen`].
+    pub(crate) waiters: AtomicU32,
+    /// Open readers plus calls in flight: a session with any is never
+    /// evicted.
+    pub(crate) busy: AtomicU32,
     /// Set once when the session ends; readers then stop.
     pub(crate) ended: AtomicBool,
-    /// Boxed: the ring's hot line is cache-padded (128-byte aligned), and
-    /// inline it would pad every session record to that alignment.
-    pub(crate) ring: Box<SessionRing>,
     /// Wakes readers waiting for the next append (and for the end).
     pub(crate) appended: Event,
+    /// The embedding's state, held weakly (no cycle through the handle it
+    /// keeps).
+    attachment: OnceLock<Weak<dyn Attachment>>,
 }
 
 impl std::fmt::Debug for Session {
@@ -63,13 +106,12 @@ impl std::fmt::Debug for Session {
             .field("id", &self.id)
             .field("epoch", &self.epoch)
             .field("ended", &self.ended.load(Ordering::Relaxed))
-            .field("high_water", &self.ring.high_water())
+            .field("held_units", &self.window.held_units())
             .finish_non_exhaustive()
     }
 }
 
-/// Stream id no stream ever has; used to read a slot's header without
-/// copying its payload.
+/// Stream id no stream ever has.
 pub(crate) const NO_STREAM: u32 = u32::MAX;
 
 impl Session {
@@ -79,7 +121,6 @@ impl Session {
         epoch: u64,
         principal: Option<&str>,
         now_ms: u64,
-        ring: SessionRing,
     ) -> Session {
         Session {
             id,
@@ -88,10 +129,22 @@ impl Session {
             principal: principal.map(Box::from),
             opened_ms: now_ms,
             last_active_ms: AtomicU64::new(now_ms),
+            window: Window::new(),
             next_stream: AtomicU32::new(1),
+            waiters: AtomicU32::new(0),
+            busy: AtomicU32::new(0),
             ended: AtomicBool::new(false),
-            ring: Box::new(ring),
             appended: Event::new(),
+            attachment: OnceLock::new(),
+        }
+    }
+
+    /// What the session's segments are stamped with.
+    #[inline]
+    pub(crate) fn owner(&self) -> Owner {
+        Owner {
+            tag: self.tag,
+            epoch: self.epoch,
         }
     }
 
@@ -100,6 +153,7 @@ impl Session {
     pub(crate) fn event_id(&self, stream: u32, seq: u64) -> EventId {
         EventId {
             tag: self.tag,
+            node: 0,
             epoch: self.epoch,
             stream,
             seq,
@@ -108,27 +162,43 @@ impl Session {
 
     #[inline]
     pub(crate) fn touch(&self, now_ms: u64) {
-        // Most appends land in the same millisecond as the previous one: a
-        // plain load avoids dirtying the line for them.
+        // Most appends land in the same tick as the previous one: a plain
+        // load avoids dirtying the line for them.
         if self.last_active_ms.load(Ordering::Relaxed) < now_ms {
             self.last_active_ms.fetch_max(now_ms, Ordering::Relaxed);
         }
     }
 
     pub(crate) fn is_ended(&self) -> bool {
-        // Acquire pairs with the Release in `end`: a reader that sees the
-        // flag also sees every append that happened before the end.
+        // Acquire pairs with the Release in `end`.
         self.ended.load(Ordering::Acquire)
     }
 
     /// Marks the session ended and wakes every waiting reader. Returns
-    /// whether this call ended it.
+    /// whether this call ended it. The caller closes the window.
     pub(crate) fn end(&self) -> bool {
         let first = !self.ended.swap(true, Ordering::AcqRel);
         if first {
             self.appended.notify(usize::MAX);
         }
         first
+    }
+
+    /// Tells the attachment, if any is still alive, that the session ended.
+    pub(crate) fn tell_ended(&self, why: EndReason) {
+        if let Some(a) = self.attachment.get().and_then(Weak::upgrade) {
+            a.ended(why);
+        }
+    }
+
+    /// Sets the attachment; `false` if one was set already.
+    pub(crate) fn attach(&self, a: Weak<dyn Attachment>) -> bool {
+        self.attachment.set(a).is_ok()
+    }
+
+    /// The attachment, if set and still alive.
+    pub(crate) fn attachment(&self) -> Option<Arc<dyn Attachment>> {
+        self.attachment.get().and_then(Weak::upgrade)
     }
 
     pub(crate) fn new_stream(&self) -> Option<u32> {
@@ -139,8 +209,33 @@ impl Session {
             .ok()
     }
 
-    pub(crate) fn listen(&self) -> EventListener {
-        self.appended.listen()
+    /// Registers a waiter for the next append.
+    ///
+    /// The wake-up protocol (loom model `loom_wake_ups_are_never_lost`):
+    /// the reader registers its listener, announces itself in `waiters`,
+    /// fences (SeqCst) and only then re-checks for data; an appender
+    /// publishes, fences (SeqCst) and notifies only if `waiters` is
+    /// non-zero. By the fence–fence rule, either the reader's re-check sees
+    /// the event or the appender sees the waiter (and then its notify sees
+    /// the registered listener).
+    pub(crate) fn listen(self: &Arc<Self>) -> Waiter {
+        let listener = self.appended.listen();
+        self.waiters.fetch_add(1, Ordering::Relaxed);
+        std::sync::atomic::fence(Ordering::SeqCst);
+        Waiter {
+            listener: Some(listener),
+            session: self.clone(),
+        }
+    }
+
+    /// After an append: wakes parked readers, if there are any.
+    #[inline]
+    pub(crate) fn wake(&self) {
+        // Pairs with the fence in `listen` (see there).
+        std::sync::atomic::fence(Ordering::SeqCst);
+        if self.waiters.load(Ordering::Relaxed) > 0 {
+            self.appended.notify(usize::MAX);
+        }
     }
 
     pub(crate) fn principal_matches(&self, presented: Option<&str>) -> bool {
@@ -149,6 +244,51 @@ impl Session {
             (Some(bound), Some(p)) => constant_time_eq(bound.as_bytes(), p.as_bytes()),
             (Some(_), None) => false,
         }
+    }
+}
+
+/// A reader's registration for the next append of its session (or its
+/// end). Await it, or block on it with [`Waiter::wait_deadline`]; dropping
+/// it unregisters.
+pub struct Waiter {
+    listener: Option<EventListener>,
+    session: Arc<Session>,
+}
+
+impl std::fmt::Debug for Waiter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Waiter").finish_non_exhaustive()
+    }
+}
+
+impl Waiter {
+    /// Blocks the thread until notified or `deadline`; returns whether it
+    /// was notified.
+    pub fn wait_deadline(mut self, deadline: std::time::Instant) -> bool {
+        use event_listener::Listener;
+        self.listener
+            .take()
+            .is_some_and(|l| l.wait_deadline(deadline).is_some())
+    }
+}
+
+impl std::future::Future for Waiter {
+    type Output = ();
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<()> {
+        match self.listener.as_mut() {
+            Some(l) => std::pin::Pin::new(l).poll(cx),
+            None => std::task::Poll::Ready(()),
+        }
+    }
+}
+
+impl Drop for Waiter {
+    fn drop(&mut self) {
+        self.session.waiters.fetch_sub(1, Ordering::Relaxed);
     }
 }
 

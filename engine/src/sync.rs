@@ -11,7 +11,9 @@
     unused_imports,
     reason = "the shim offers the full set; not every build uses each"
 )]
-pub(crate) use loom::sync::atomic::{fence, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+pub(crate) use loom::sync::atomic::{
+    fence, AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering,
+};
 #[cfg(loom)]
 #[allow(
     unused_imports,
@@ -24,7 +26,9 @@ pub(crate) use loom::sync::Arc;
     unused_imports,
     reason = "the shim offers the full set; not every build uses each"
 )]
-pub(crate) use std::sync::atomic::{fence, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+pub(crate) use std::sync::atomic::{
+    fence, AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering,
+};
 #[cfg(not(loom))]
 #[allow(
     unused_imports,
@@ -40,4 +44,30 @@ pub(crate) fn spin_wait() {
     loom::thread::yield_now();
     #[cfg(not(loom))]
     std::hint::spin_loop();
+}
+
+/// Waits for another thread's progress with exponential backoff: a few
+/// spins, then yielding the core (on 2 cores a writer waiting for a
+/// descheduled writer would otherwise spin its whole time slice).
+#[derive(Debug)]
+pub(crate) struct Spin {
+    #[cfg(not(loom))]
+    backoff: crossbeam_utils::Backoff,
+}
+
+impl Spin {
+    pub(crate) fn new() -> Spin {
+        Spin {
+            #[cfg(not(loom))]
+            backoff: crossbeam_utils::Backoff::new(),
+        }
+    }
+
+    /// Waits a little longer than last time.
+    pub(crate) fn snooze(&self) {
+        #[cfg(loom)]
+        loom::thread::yield_now();
+        #[cfg(not(loom))]
+        self.backoff.snooze();
+    }
 }

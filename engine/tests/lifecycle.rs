@@ -1,52 +1,74 @@
-//! Session lifecycle, budgets, bad input, and the public types' auto traits.
+//! Session lifecycle, the pool, admission, eviction, bad input, and the
+//! public types' auto traits.
 
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use rewind_engine::{
-    AppendError, Config, ConfigError, Engine, OpenError, Replay, ReplayError, ResumeRequest,
-    SessionHandle, SessionId,
+    AppendError, Attachment, Config, ConfigError, EndReason, Engine, OpenError, Replay,
+    ReplayError, ResumeRequest, SessionHandle, SessionId,
 };
 
-fn config(slots: usize, bytes: usize, global: u64) -> Config {
+/// Sessions that keep at least `events` events, in a pool of `global`
+/// bytes, with small segments and events so small pools are valid.
+fn config(events: u64, global: u64) -> Config {
     let mut c = Config::default();
-    c.ring_slots = slots;
-    c.session_bytes = bytes;
+    c.session_events = events;
+    c.session_bytes = 1 << 30;
     c.global_bytes = global;
+    c.max_segment_bytes = 4096;
+    c.max_event_bytes = 16 * 1024;
     c
 }
 
 #[test]
-fn public_types_are_send_and_sync() {
-    fn send_sync<T: Send + Sync>() {}
-    fn send<T: Send>() {}
-    send_sync::<Engine>();
-    send_sync::<SessionHandle>();
-    send::<Replay>();
-    send_sync::<rewind_engine::ResumeDecision>();
-}
-
-#[test]
 fn bad_config_is_refused_with_the_setting_named() {
-    let e = Engine::new(config(3, 1024, 1 << 20)).unwrap_err();
-    assert!(matches!(e, ConfigError::Ring { .. }), "{e}");
-    let e = Engine::new(config(8, 1000, 1 << 20)).unwrap_err();
-    assert!(matches!(e, ConfigError::Ring { .. }), "{e}");
-    let e = Engine::new(config(8, 1024, 10)).unwrap_err();
-    assert!(matches!(e, ConfigError::GlobalBudgetTooSmall { .. }), "{e}");
+    let mut c = config(8, 1 << 20);
+    c.session_events = 0;
+    let e = Engine::new(c).unwrap_err();
+    assert_eq!(
+        e,
+        ConfigError::ZeroRetention {
+            setting: "session_events"
+        }
+    );
+    assert!(e.to_string().contains("session_events"));
+    let mut c = config(8, 1 << 20);
+    c.max_segment_bytes = 1000;
+    assert!(matches!(
+        Engine::new(c).unwrap_err(),
+        ConfigError::SegmentSize { .. }
+    ));
+    let mut c = config(8, 1 << 20);
+    c.max_event_bytes = 4 << 20;
+    let e = Engine::new(c).unwrap_err();
+    assert!(matches!(e, ConfigError::PoolTooSmall { .. }), "{e}");
     assert!(e.to_string().contains("global_bytes"));
-    let mut c = config(8, 1024, 1 << 20);
+    let mut c = config(8, 1 << 20);
+    c.max_sessions = 0;
+    assert_eq!(
+        Engine::new(c).unwrap_err(),
+        ConfigError::ZeroCap {
+            setting: "max_sessions"
+        }
+    );
+    let mut c = config(8, 1 << 20);
     c.idle_ttl = Duration::ZERO;
     assert_eq!(Engine::new(c).unwrap_err(), ConfigError::ZeroTtl);
+    assert!(
+        Engine::new(Config::default()).is_ok(),
+        "the defaults are valid"
+    );
 }
 
 #[test]
 fn oversized_event_is_refused_and_consumes_nothing() {
-    let e = Engine::new(config(8, 1024, 1 << 20)).unwrap();
+    let e = Engine::new(config(8, 1 << 20)).unwrap();
     let s = e.open(None).unwrap();
     let a = s.append(0, b"a").unwrap();
-    let err = s.append(0, &vec![0u8; 4096]).unwrap_err();
+    let err = s.append(0, &vec![0u8; 40_000]).unwrap_err();
     assert!(
-        matches!(err, AppendError::TooLarge { len: 4096, .. }),
+        matches!(err, AppendError::TooLarge { len: 40_000, max } if max >= 16 * 1024),
         "{err}"
     );
     let b = s.append(0, b"b").unwrap();
@@ -57,82 +79,170 @@ fn oversized_event_is_refused_and_consumes_nothing() {
     );
     assert_eq!(s.append(u32::MAX, b"x"), Err(AppendError::BadStream));
     assert_eq!(e.metrics().appends_refused, 2);
+    assert_eq!(e.metrics().appends, 2);
 }
 
 #[test]
-fn global_budget_evicts_least_recently_active_sessions() {
-    let probe = Engine::new(config(8, 1024, 1 << 30)).unwrap();
-    let s = probe.open(None).unwrap();
-    let per_session = probe.metrics().bytes_held;
-    assert!(per_session >= 1024);
-    drop(s);
-    let e = Engine::new(config(8, 1024, per_session * 4)).unwrap();
+fn an_event_larger_than_a_segment_gets_one_of_its_own_and_is_replayed_whole() {
+    let e = Engine::new(config(8, 1 << 20)).unwrap();
+    let s = e.open(None).unwrap();
+    let before = s.append(1, b"small").unwrap();
+    let big: Vec<u8> = (0..15_000u32).map(|i| i as u8).collect();
+    s.append(1, &big).unwrap();
+    s.append(1, b"after").unwrap();
+    let mut r = s.subscribe_from(1, before).unwrap();
+    let mut buf = Vec::new();
+    r.next_into(&mut buf).unwrap().unwrap();
+    assert_eq!(buf, big);
+    r.next_into(&mut buf).unwrap().unwrap();
+    assert_eq!(buf, b"after");
+}
+
+#[test]
+fn an_idle_session_holds_no_pool_memory() {
+    let e = Engine::new(config(8, 1 << 20)).unwrap();
+    let sessions: Vec<_> = (0..1000).map(|_| e.open(None).unwrap()).collect();
+    assert_eq!(e.metrics().bytes_held, 0, "nothing is reserved per session");
+    sessions[0].append(0, &[7; 300]).unwrap();
+    assert_eq!(
+        e.metrics().bytes_held,
+        512,
+        "one event: one smallest segment"
+    );
+    assert_eq!(sessions[0].held_bytes(), 512);
+}
+
+#[test]
+fn pool_pressure_evicts_idle_sessions_least_recently_active_first() {
+    // 64 KiB of pool: about 120 sessions holding one event each.
+    let e = Engine::new(config(8, 64 * 1024)).unwrap();
     let old = e.open(None).unwrap();
+    old.append(0, b"oldest").unwrap();
+    let busy = e.open(None).unwrap();
+    busy.append(0, b"busy").unwrap();
+    let reader = busy.subscribe(0);
     std::thread::sleep(Duration::from_millis(20));
-    let others: Vec<_> = (0..3).map(|_| e.open(None).unwrap()).collect();
-    for o in &others {
-        o.append(0, b"keep me").unwrap();
+    let mut flood = Vec::new();
+    for i in 0..400u32 {
+        let s = e.open(None).unwrap();
+        s.append(0, &i.to_le_bytes()).unwrap();
+        flood.push(s);
+        let m = e.metrics();
+        assert!(m.bytes_held <= m.pool_bytes, "memory stays inside the pool");
     }
-    assert_eq!(e.metrics().bytes_held, per_session * 4);
-    let newest = e.open(None).unwrap();
     assert!(
         old.is_ended(),
-        "the least recently active session is evicted first"
+        "the least recently active idle session goes first"
     );
-    assert!(!newest.is_ended());
-    let m = e.metrics();
-    assert!(m.sessions_evicted >= 1);
     assert!(
-        m.bytes_held <= per_session * 4,
-        "memory stays inside the budget"
+        !busy.is_ended(),
+        "a session with an open reader is never evicted"
     );
-    assert_eq!(m.sessions_live * per_session, m.bytes_held);
+    assert!(!flood.last().unwrap().is_ended());
+    let m = e.metrics();
+    assert!(m.sessions_evicted >= 200, "{m:?}");
     assert!(e.session(old.id()).is_none());
+    drop(reader);
 }
 
 #[test]
-fn budget_never_exceeded_under_churn() {
-    let probe = Engine::new(config(4, 256, 1 << 30)).unwrap();
-    let per = {
-        let _s = probe.open(None).unwrap();
-        probe.metrics().bytes_held
-    };
-    let e = Engine::new(config(4, 256, per * 10)).unwrap();
+fn busy_sessions_lose_their_oldest_events_with_a_gap_not_their_session() {
+    let e = Engine::new(config(1_000_000, 64 * 1024)).unwrap();
+    let s = e.open(None).unwrap();
+    let mut behind = s.subscribe(0);
+    let _call = s.begin_call();
+    // One busy session fills the whole pool: only its own oldest segments
+    // can make room.
+    for i in 0..4000u32 {
+        s.append(0, &i.to_le_bytes()).unwrap();
+    }
+    assert!(!s.is_ended());
+    let mut buf = Vec::new();
+    assert!(matches!(
+        behind.next_into(&mut buf),
+        Err(ReplayError::Lagged { missing_seq: 1, .. })
+    ));
+    let oldest = behind.skip_gap();
+    assert!(oldest > 1);
+    assert!(behind.next_into(&mut buf).unwrap().is_some());
+    let m = e.metrics();
+    assert!(m.bytes_held <= m.pool_bytes);
+    assert!(m.reader_gaps >= 1);
+}
+
+#[test]
+fn memory_never_exceeds_the_pool_however_many_sessions_open() {
+    let mut c = config(8, 64 * 1024);
+    c.max_sessions = 2000;
+    let e = Engine::new(c).unwrap();
+    let refused = std::sync::atomic::AtomicU64::new(0);
     std::thread::scope(|scope| {
         for _ in 0..2 {
             scope.spawn(|| {
-                for i in 0..500u32 {
+                // 10× what the pool holds at one event per session.
+                for i in 0..1200u32 {
                     match e.open(None) {
-                        Ok(s) => {
-                            let _ = s.append(0, &i.to_le_bytes());
+                        Ok(s) => match s.append(0, &[i as u8; 100]) {
+                            Ok(_) | Err(AppendError::SessionEnded) => {}
+                            Err(other) => panic!("{other}"),
+                        },
+                        Err(OpenError::TooManySessions { .. }) => {
+                            refused.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                         }
-                        Err(OpenError::OverBudget { .. }) => {}
                         Err(other) => panic!("{other}"),
                     }
-                    assert!(e.metrics().bytes_held <= per * 10);
+                    let m = e.metrics();
+                    assert!(m.bytes_held <= m.pool_bytes);
+                    assert!(m.sessions_live <= 2000);
                 }
             });
         }
     });
     let m = e.metrics();
-    assert!(m.bytes_held <= per * 10);
-    assert_eq!(m.sessions_live * per, m.bytes_held);
+    assert!(m.sessions_evicted > 0 || m.sessions_refused > 0);
+    assert_eq!(m.sessions_refused, refused.into_inner());
 }
 
 #[test]
-fn close_frees_budget_and_stops_readers() {
-    let e = Engine::new(config(8, 1024, 1 << 20)).unwrap();
+fn session_caps_refuse_with_a_retry_hint() {
+    let mut c = config(8, 1 << 20);
+    c.max_sessions = 3;
+    c.max_sessions_per_principal = 2;
+    let e = Engine::new(c).unwrap();
+    let a1 = e.open(Some("alice")).unwrap();
+    let _a2 = e.open(Some("alice")).unwrap();
+    let err = e.open(Some("alice")).unwrap_err();
+    assert!(
+        matches!(err, OpenError::PrincipalLimit { cap: 2, .. }),
+        "{err}"
+    );
+    assert!(err.retry_after().is_some());
+    let _b = e.open(Some("bob")).unwrap();
+    let err = e.open(None).unwrap_err();
+    assert!(
+        matches!(err, OpenError::TooManySessions { cap: 3, .. }),
+        "{err}"
+    );
+    a1.close();
+    assert!(
+        e.open(Some("alice")).is_ok(),
+        "a closed session frees its slot"
+    );
+    assert_eq!(e.metrics().sessions_refused, 2);
+}
+
+#[test]
+fn close_frees_the_pool_and_stops_readers() {
+    let e = Engine::new(config(8, 1 << 20)).unwrap();
     let s = e.open(None).unwrap();
-    assert!(e.metrics().bytes_held > 0);
     let mut from_start = s.subscribe(0);
     s.append(0, b"one").unwrap();
+    assert!(e.metrics().bytes_held > 0);
     let mut caught_up = s.subscribe(0);
     assert!(s.close());
     assert!(!s.close(), "ending twice is a no-op");
     assert_eq!(e.metrics().bytes_held, 0);
     let mut buf = Vec::new();
-    // Events appended before the end are still delivered, then the end.
-    assert!(from_start.next_into(&mut buf).unwrap().is_some());
     assert_eq!(
         from_start.next_into(&mut buf),
         Err(ReplayError::SessionEnded)
@@ -141,11 +251,105 @@ fn close_frees_budget_and_stops_readers() {
         caught_up.wait_next(&mut buf, Duration::from_secs(5)),
         Err(ReplayError::SessionEnded)
     );
+    assert_eq!(s.append(0, b"late"), Err(AppendError::SessionEnded));
+}
+
+#[test]
+fn lagged_reader_gets_a_typed_error_then_skips_the_gap() {
+    let e = Engine::new(config(4, 1 << 20)).unwrap();
+    let s = e.open(None).unwrap();
+    let mut r = s.subscribe(0);
+    for i in 0..200u8 {
+        s.append(0, &[i]).unwrap();
+    }
+    let mut buf = Vec::new();
+    match r.next_into(&mut buf) {
+        Err(ReplayError::Lagged { missing_seq, .. }) => assert_eq!(missing_seq, 1),
+        other => panic!("expected lag, got {other:?}"),
+    }
+    let oldest = r.skip_gap();
+    let mut seen = Vec::new();
+    while let Some(id) = r.next_into(&mut buf).unwrap() {
+        assert!(id.seq >= oldest);
+        seen.push(buf[0]);
+    }
+    assert_eq!(seen.last(), Some(&199));
+    assert!(seen.len() >= 4, "at least the retained events");
+    assert!(seen.windows(2).all(|w| w[1] == w[0] + 1));
+    assert_eq!(e.metrics().reader_gaps, 1);
+}
+
+#[derive(Default)]
+struct Observer {
+    ended: Mutex<Vec<EndReason>>,
+}
+
+impl Attachment for Observer {
+    fn ended(&self, why: EndReason) {
+        self.ended.lock().unwrap().push(why);
+    }
+}
+
+#[test]
+fn attachments_hear_every_end_and_come_back_typed() {
+    let mut c = config(8, 64 * 1024);
+    c.idle_ttl = Duration::from_millis(30);
+    let e = Engine::new(c).unwrap();
+    let closed = e.open(None).unwrap();
+    let expired = e.open(None).unwrap();
+    let watchers: Vec<Arc<Observer>> = (0..2).map(|_| Arc::default()).collect();
+    for (s, w) in [&closed, &expired].into_iter().zip(&watchers) {
+        let weak: std::sync::Weak<Observer> = Arc::downgrade(w);
+        assert!(s.attach(weak));
+    }
+    assert!(
+        !closed.attach(Arc::downgrade(&watchers[1]) as std::sync::Weak<Observer>),
+        "set once"
+    );
+    let back: Arc<Observer> = closed.attachment().expect("typed");
+    assert!(Arc::ptr_eq(&back, &watchers[0]));
+    closed.close();
+    std::thread::sleep(Duration::from_millis(60));
+    e.sweep();
+    assert_eq!(*watchers[0].ended.lock().unwrap(), [EndReason::Closed]);
+    assert_eq!(*watchers[1].ended.lock().unwrap(), [EndReason::Expired]);
+    drop(watchers);
+    assert!(expired.attachment::<Observer>().is_none(), "held weakly");
+}
+
+#[test]
+fn subscribe_from_start_reports_events_already_gone_as_lagged() {
+    let e = Engine::new(config(2, 1 << 20)).unwrap();
+    let s = e.open(None).unwrap();
+    for i in 0..100u8 {
+        s.append(0, &[i]).unwrap();
+    }
+    let mut r = s.subscribe_from_start(0);
+    let mut buf = Vec::new();
+    assert!(matches!(
+        r.next_into(&mut buf),
+        Err(ReplayError::Lagged { .. })
+    ));
+    let oldest = r.skip_gap();
+    assert!(r.next_into(&mut buf).unwrap().is_some());
+    assert_eq!(u64::from(buf[0]) + 1, oldest);
+}
+
+#[test]
+fn public_types_are_send_and_sync() {
+    fn send_sync<T: Send + Sync>() {}
+    fn send<T: Send>() {}
+    send_sync::<Engine>();
+    send_sync::<SessionHandle>();
+    send::<Replay>();
+    send::<rewind_engine::Waiter>();
+    send_sync::<rewind_engine::CallGuard>();
+    send_sync::<rewind_engine::ResumeDecision>();
 }
 
 #[test]
 fn sweep_ends_idle_sessions_only() {
-    let mut c = config(8, 1024, 1 << 20);
+    let mut c = config(64, 1 << 20);
     c.idle_ttl = Duration::from_millis(50);
     let e = Engine::new(c).unwrap();
     let idle = e.open(None).unwrap();
@@ -162,7 +366,7 @@ fn sweep_ends_idle_sessions_only() {
 
 #[test]
 fn blocking_reader_wakes_on_append_from_another_thread() {
-    let e = Engine::new(config(8, 1024, 1 << 20)).unwrap();
+    let e = Engine::new(config(64, 1 << 20)).unwrap();
     let s = e.open(None).unwrap();
     let mut r = s.subscribe(0);
     let writer = {
@@ -183,32 +387,8 @@ fn blocking_reader_wakes_on_append_from_another_thread() {
 }
 
 #[test]
-fn lagged_reader_gets_a_typed_error_then_skips_the_gap() {
-    let e = Engine::new(config(4, 1024, 1 << 20)).unwrap();
-    let s = e.open(None).unwrap();
-    let mut r = s.subscribe(0);
-    for i in 0..10u8 {
-        s.append(0, &[i]).unwrap();
-    }
-    let mut buf = Vec::new();
-    match r.next_into(&mut buf) {
-        Err(ReplayError::Lagged { missing_seq, .. }) => assert_eq!(missing_seq, 1),
-        other => panic!("expected lag, got {other:?}"),
-    }
-    let oldest = r.skip_gap();
-    let mut seen = Vec::new();
-    while let Some(id) = r.next_into(&mut buf).unwrap() {
-        assert!(id.seq >= oldest);
-        seen.push(buf[0]);
-    }
-    assert_eq!(seen.last(), Some(&9));
-    assert!(seen.windows(2).all(|w| w[1] == w[0] + 1));
-    assert!(e.metrics().lagged_readers >= 1);
-}
-
-#[test]
 fn garbage_headers_never_panic() {
-    let e = Engine::new(config(8, 1024, 1 << 20)).unwrap();
+    let e = Engine::new(config(64, 1 << 20)).unwrap();
     let s = e.open(None).unwrap();
     let sid = s.id().to_string();
     let long = "a".repeat(10_000);
@@ -240,7 +420,7 @@ fn garbage_headers_never_panic() {
 
 #[test]
 fn delivered_events_are_counted_when_the_reader_catches_up_or_drops() {
-    let e = Engine::new(config(256, 64 * 1024, 1 << 24)).unwrap();
+    let e = Engine::new(config(256, 1 << 24)).unwrap();
     let s = e.open(None).unwrap();
     let mut caught_up = s.subscribe(0);
     let mut dropped = s.subscribe(0);
@@ -261,7 +441,7 @@ fn delivered_events_are_counted_when_the_reader_catches_up_or_drops() {
 
 #[test]
 fn subscribe_from_positions_only_by_ids_of_this_incarnation() {
-    let e = Engine::new(config(8, 1024, 1 << 20)).unwrap();
+    let e = Engine::new(config(64, 1 << 20)).unwrap();
     let s = e.open(None).unwrap();
     let other = e.open(None).unwrap();
     let first = s.append(0, b"one").unwrap();
@@ -295,22 +475,4 @@ fn subscribe_from_positions_only_by_ids_of_this_incarnation() {
         reopened.subscribe_from(0, first).is_none(),
         "an older incarnation"
     );
-}
-
-#[test]
-fn subscribe_from_start_reports_events_already_gone_as_lagged() {
-    let e = Engine::new(config(2, 1024, 1 << 20)).unwrap();
-    let s = e.open(None).unwrap();
-    for i in 0..5u8 {
-        s.append(0, &[i]).unwrap();
-    }
-    let mut r = s.subscribe_from_start(0);
-    let mut buf = Vec::new();
-    assert!(matches!(
-        r.next_into(&mut buf),
-        Err(ReplayError::Lagged { .. })
-    ));
-    r.skip_gap();
-    assert!(r.next_into(&mut buf).unwrap().is_some());
-    assert_eq!(buf, [3]);
 }

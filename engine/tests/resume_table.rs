@@ -9,9 +9,11 @@ use rewind_engine::{
 
 fn small_config() -> Config {
     let mut c = Config::default();
-    c.ring_slots = 8;
-    c.session_bytes = 1024;
+    c.session_events = 8;
+    c.session_bytes = 1 << 30;
     c.global_bytes = 1 << 20;
+    c.max_segment_bytes = 4096;
+    c.max_event_bytes = 16 * 1024;
     c
 }
 
@@ -168,7 +170,9 @@ fn future_sequence_and_future_epoch_are_rejected_409() {
 fn cursor_before_the_window_gets_a_gap_signal() {
     let e = engine();
     let s = e.open(None).unwrap();
-    let ids = append_n(&s, 0, 20, "e"); // ring of 8: the first 12 are gone
+    // At least the newest 8 are kept, at most one segment more: after 200
+    // the first ones are gone.
+    let ids = append_n(&s, 0, 200, "e");
     let d = resume(&e, Some(&s.id().to_string()), Some(&ids[2].to_string()));
     assert_row(
         &d,

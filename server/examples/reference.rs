@@ -1,7 +1,7 @@
 //! Serves the reference MCP server over Rewind on loopback.
 //!
 //! ```text
-//! cargo run -p rewind-server --example reference -- [PORT] [--close-after-priming] [--ring-slots N]
+//! cargo run -p rewind-server --example reference -- [PORT] [--close-after-priming] [--session-events N]
 //! ```
 //!
 //! Prints the MCP URL, then serves until Ctrl-C. Point the official
@@ -24,8 +24,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     while let Some(arg) = args.next() {
         match arg.as_str() {
             "--close-after-priming" => options.close_post_streams_after_priming = true,
-            "--ring-slots" => {
-                config.ring_slots = args.next().ok_or("--ring-slots needs a value")?.parse()?;
+            "--session-events" => {
+                config.session_events = args
+                    .next()
+                    .ok_or("--session-events needs a value")?
+                    .parse()?;
             }
             other => port = other.parse()?,
         }

@@ -9,7 +9,7 @@ use rewind_engine::{Config, Engine, EventId, ResumeAction, ResumeRequest, Sessio
 
 pub(crate) fn run() -> Result<(), Box<dyn std::error::Error>> {
     let mut config = Config::default();
-    config.ring_slots = 16;
+    config.session_events = 16;
     // The embedded default policy, compiled to wasm32 by the build and run
     // in the sandbox (fuel, deadline, memory cap) on every decision.
     let host = PolicyHost::with_default_policy()?;
@@ -84,7 +84,7 @@ pub(crate) fn run() -> Result<(), Box<dyn std::error::Error>> {
     }
 
     // The older-epoch and gap rows need history: a new incarnation of
-    // alice's session, and a ring that wrapped past a cursor.
+    // alice's session, and a window that moved past a cursor.
     let alice2 = engine.reopen(alice.id(), None)?;
     let d = engine.resume(ResumeRequest {
         session_id: Some(&a),
@@ -98,7 +98,9 @@ pub(crate) fn run() -> Result<(), Box<dyn std::error::Error>> {
         d.verdict
     );
     let first = alice2.append(0, b"e0")?;
-    for i in 1..40 {
+    // 16 events are kept (at least); enough more release the oldest
+    // segments.
+    for i in 1..400 {
         alice2.append(0, format!("e{i}").as_bytes())?;
     }
     let cursor = first.to_string();
@@ -107,7 +109,7 @@ pub(crate) fn run() -> Result<(), Box<dyn std::error::Error>> {
         last_event_id: Some(&cursor),
         principal: None,
     });
-    println!("alice's ring wrapped past her cursor: {:?}", d.verdict);
+    println!("alice's window moved past her cursor: {:?}", d.verdict);
 
     let m = engine.metrics();
     println!(
@@ -125,10 +127,12 @@ pub(crate) fn run() -> Result<(), Box<dyn std::error::Error>> {
 pub(crate) fn describe(engine: &Engine) -> String {
     let c = engine.config();
     format!(
-        "{} slots and {} KiB per session, {} MiB global budget, idle TTL {} s",
-        c.ring_slots,
+        "at least {} events or {} KiB kept per session, a {} MiB pool shared by all, \
+         at most {} sessions, idle TTL {} s",
+        c.session_events,
         c.session_bytes / 1024,
         c.global_bytes >> 20,
+        c.max_sessions,
         c.idle_ttl.as_secs()
     )
 }

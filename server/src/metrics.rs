@@ -139,12 +139,13 @@ struct RollbackLabels {
 /// (OpenMetrics flavour, as prometheus-client writes it).
 ///
 /// Metric names (counters carry the `_total` suffix on the wire):
-/// - engine: `rewind_appends`, `rewind_appended_bytes`,
-///   `rewind_appends_refused`, `rewind_events_delivered`,
-///   `rewind_delivered_bytes`, `rewind_lagged_readers`,
-///   `rewind_sessions_opened`, `rewind_sessions_closed`,
+/// - engine: `rewind_appends`, `rewind_appends_refused`,
+///   `rewind_events_delivered`, `rewind_delivered_bytes`,
+///   `rewind_reader_gaps`, `rewind_sessions_opened`,
+///   `rewind_sessions_refused`, `rewind_sessions_closed`,
 ///   `rewind_sessions_expired`, `rewind_sessions_evicted`,
-///   `rewind_sessions_live` (gauge), `rewind_bytes_held` (gauge),
+///   `rewind_sessions_live` (gauge), `rewind_pool_bytes` (gauge),
+///   `rewind_bytes_held` (gauge),
 ///   `rewind_resumes`, `rewind_verdicts{verdict}`,
 ///   `rewind_policy_fallbacks{fault}`;
 /// - transport: `rewind_resume_decisions{verdict,generation}`,
@@ -180,14 +181,8 @@ fn register_engine(registry: &mut Registry, m: &MetricsSnapshot) {
     counter(registry, "appends", "Events appended", m.appends);
     counter(
         registry,
-        "appended_bytes",
-        "Payload bytes appended",
-        m.appended_bytes,
-    );
-    counter(
-        registry,
         "appends_refused",
-        "Appends refused (payload too large, session ended)",
+        "Appends refused (payload too large, session ended, pool exhausted)",
         m.appends_refused,
     );
     counter(
@@ -204,15 +199,21 @@ fn register_engine(registry: &mut Registry, m: &MetricsSnapshot) {
     );
     counter(
         registry,
-        "lagged_readers",
-        "Times a reader found its next event overwritten",
-        m.lagged_readers,
+        "reader_gaps",
+        "Times a reader found events it had not read released (one gap each)",
+        m.reader_gaps,
     );
     counter(
         registry,
         "sessions_opened",
         "Sessions opened",
         m.sessions_opened,
+    );
+    counter(
+        registry,
+        "sessions_refused",
+        "Session openings refused by a session cap",
+        m.sessions_refused,
     );
     counter(
         registry,
@@ -229,7 +230,7 @@ fn register_engine(registry: &mut Registry, m: &MetricsSnapshot) {
     counter(
         registry,
         "sessions_evicted",
-        "Sessions evicted to stay inside the global byte budget",
+        "Idle sessions evicted to make room in the event pool",
         m.sessions_evicted,
     );
     gauge(
@@ -240,8 +241,14 @@ fn register_engine(registry: &mut Registry, m: &MetricsSnapshot) {
     );
     gauge(
         registry,
+        "pool_bytes",
+        "Bytes of the event pool (the global budget)",
+        m.pool_bytes,
+    );
+    gauge(
+        registry,
         "bytes_held",
-        "Bytes of ring memory held by live sessions",
+        "Bytes of the event pool held by live sessions' segments",
         m.bytes_held,
     );
     counter(registry, "resumes", "Resume decisions made", m.resumes);

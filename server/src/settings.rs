@@ -16,9 +16,13 @@
 //! policy = "policies/strict.wasm"  # relative to this file; default: embedded
 //!
 //! [engine]
-//! ring_slots = 1024                # events kept per session (power of two)
-//! session_bytes = 262144           # payload bytes per session (power of two)
-//! global_bytes = 1073741824        # ring memory of all sessions together
+//! session_events = 1024            # events each session keeps (at least)
+//! session_bytes = 262144           # segment bytes each session keeps (at least)
+//! global_bytes = 1073741824        # the event pool shared by all sessions
+//! max_segment_bytes = 65536        # largest segment of a session's growth
+//! max_event_bytes = 33553408       # largest single event (message)
+//! max_sessions = 250000            # sessions live at once; more get 503
+//! max_sessions_per_principal = 10000
 //! idle_ttl_secs = 1800             # a session idle this long ends
 //! max_resume_age_secs = 600        # told to the policy; unset by default
 //! ```
@@ -62,15 +66,27 @@ pub struct ServeArgs {
     /// Policy plugin to start with [default: the embedded default policy]
     #[arg(long, env = "REWIND_POLICY", value_name = "FILE.wasm")]
     pub policy: Option<PathBuf>,
-    /// Events kept per session, a power of two [default: 1024]
-    #[arg(long, env = "REWIND_RING_SLOTS", value_name = "N")]
-    pub ring_slots: Option<usize>,
-    /// Payload bytes kept per session, a power of two ≥ 64 [default: 262144]
+    /// Events each session keeps, at least [default: 1024]
+    #[arg(long, env = "REWIND_SESSION_EVENTS", value_name = "N")]
+    pub session_events: Option<u64>,
+    /// Segment bytes each session keeps, at least [default: 262144]
     #[arg(long, env = "REWIND_SESSION_BYTES", value_name = "BYTES")]
-    pub session_bytes: Option<usize>,
-    /// Ring memory all sessions together may hold [default: 1073741824]
+    pub session_bytes: Option<u64>,
+    /// The event pool all sessions share: the memory budget [default: 1073741824]
     #[arg(long, env = "REWIND_GLOBAL_BYTES", value_name = "BYTES")]
     pub global_bytes: Option<u64>,
+    /// Largest segment of a session's growth, a power of two [default: 65536]
+    #[arg(long, env = "REWIND_MAX_SEGMENT_BYTES", value_name = "BYTES")]
+    pub max_segment_bytes: Option<usize>,
+    /// Largest single event (one MCP message) [default: 33553408]
+    #[arg(long, env = "REWIND_MAX_EVENT_BYTES", value_name = "BYTES")]
+    pub max_event_bytes: Option<usize>,
+    /// Sessions live at once; more initializations get 503 [default: 250000]
+    #[arg(long, env = "REWIND_MAX_SESSIONS", value_name = "N")]
+    pub max_sessions: Option<usize>,
+    /// Sessions live at once per principal [default: 10000]
+    #[arg(long, env = "REWIND_MAX_SESSIONS_PER_PRINCIPAL", value_name = "N")]
+    pub max_sessions_per_principal: Option<usize>,
     /// Seconds after which an idle session ends [default: 1800]
     #[arg(long, env = "REWIND_IDLE_TTL_SECS", value_name = "SECS")]
     pub idle_ttl_secs: Option<u64>,
@@ -100,12 +116,20 @@ pub struct FileSettings {
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct EngineFileSettings {
-    /// `engine.ring_slots`
-    pub ring_slots: Option<usize>,
+    /// `engine.session_events`
+    pub session_events: Option<u64>,
     /// `engine.session_bytes`
-    pub session_bytes: Option<usize>,
+    pub session_bytes: Option<u64>,
     /// `engine.global_bytes`
     pub global_bytes: Option<u64>,
+    /// `engine.max_segment_bytes`
+    pub max_segment_bytes: Option<usize>,
+    /// `engine.max_event_bytes`
+    pub max_event_bytes: Option<usize>,
+    /// `engine.max_sessions`
+    pub max_sessions: Option<usize>,
+    /// `engine.max_sessions_per_principal`
+    pub max_sessions_per_principal: Option<usize>,
     /// `engine.idle_ttl_secs`
     pub idle_ttl_secs: Option<u64>,
     /// `engine.max_resume_age_secs`
@@ -172,7 +196,7 @@ pub enum SettingsError {
     },
     /// A value is out of range.
     Invalid {
-        /// The key, as written in the file (`engine.ring_slots`).
+        /// The key, as written in the file (`engine.session_events`).
         key: &'static str,
         /// Where the value came from.
         origin: Origin,
@@ -268,9 +292,13 @@ fn flag_name(id: &'static str) -> &'static str {
         "admin_listen" => "admin-listen",
         "admin_token" => "admin-token",
         "policy" => "policy",
-        "ring_slots" => "ring-slots",
+        "session_events" => "session-events",
         "session_bytes" => "session-bytes",
         "global_bytes" => "global-bytes",
+        "max_segment_bytes" => "max-segment-bytes",
+        "max_event_bytes" => "max-event-bytes",
+        "max_sessions" => "max-sessions",
+        "max_sessions_per_principal" => "max-sessions-per-principal",
         "idle_ttl_secs" => "idle-ttl-secs",
         "max_resume_age_secs" => "max-resume-age-secs",
         other => other,
@@ -318,11 +346,11 @@ impl Settings {
         );
         let (policy, _) = r.pick("policy", "REWIND_POLICY", args.policy.clone(), file.policy);
         let e = file.engine;
-        let (ring_slots, ring_origin) = r.pick(
-            "ring_slots",
-            "REWIND_RING_SLOTS",
-            args.ring_slots,
-            e.ring_slots,
+        let (session_events, events_origin) = r.pick(
+            "session_events",
+            "REWIND_SESSION_EVENTS",
+            args.session_events,
+            e.session_events,
         );
         let (session_bytes, session_origin) = r.pick(
             "session_bytes",
@@ -335,6 +363,30 @@ impl Settings {
             "REWIND_GLOBAL_BYTES",
             args.global_bytes,
             e.global_bytes,
+        );
+        let (max_segment_bytes, segment_origin) = r.pick(
+            "max_segment_bytes",
+            "REWIND_MAX_SEGMENT_BYTES",
+            args.max_segment_bytes,
+            e.max_segment_bytes,
+        );
+        let (max_event_bytes, event_origin) = r.pick(
+            "max_event_bytes",
+            "REWIND_MAX_EVENT_BYTES",
+            args.max_event_bytes,
+            e.max_event_bytes,
+        );
+        let (max_sessions, sessions_origin) = r.pick(
+            "max_sessions",
+            "REWIND_MAX_SESSIONS",
+            args.max_sessions,
+            e.max_sessions,
+        );
+        let (max_per_principal, per_principal_origin) = r.pick(
+            "max_sessions_per_principal",
+            "REWIND_MAX_SESSIONS_PER_PRINCIPAL",
+            args.max_sessions_per_principal,
+            e.max_sessions_per_principal,
         );
         let (idle_ttl_secs, ttl_origin) = r.pick(
             "idle_ttl_secs",
@@ -357,28 +409,26 @@ impl Settings {
             };
 
         let mut engine = defaults;
-        if let Some(n) = ring_slots {
-            if n < 2 || !n.is_power_of_two() {
-                return Err(invalid(
-                    "engine.ring_slots",
-                    &ring_origin,
-                    format!("{n} is not a power of two ≥ 2 (e.g. 256, 1024, 4096)"),
-                ));
-            }
-            engine.ring_slots = n;
+        if let Some(n) = session_events {
+            engine.session_events = n;
         }
         if let Some(n) = session_bytes {
-            if n < 64 || !n.is_power_of_two() {
-                return Err(invalid(
-                    "engine.session_bytes",
-                    &session_origin,
-                    format!("{n} is not a power of two ≥ 64 (e.g. 65536, 262144)"),
-                ));
-            }
             engine.session_bytes = n;
         }
         if let Some(n) = global_bytes {
             engine.global_bytes = n;
+        }
+        if let Some(n) = max_segment_bytes {
+            engine.max_segment_bytes = n;
+        }
+        if let Some(n) = max_event_bytes {
+            engine.max_event_bytes = n;
+        }
+        if let Some(n) = max_sessions {
+            engine.max_sessions = n;
+        }
+        if let Some(n) = max_per_principal {
+            engine.max_sessions_per_principal = n;
         }
         if let Some(secs) = idle_ttl_secs {
             if secs == 0 {
@@ -392,14 +442,23 @@ impl Settings {
         }
         engine.max_resume_age = max_resume_age_secs.map(Duration::from_secs);
         if let Err(e) = engine.validate() {
-            // Our own checks above cover the ring sizes; what is left is the
-            // budget relation, which the engine words best.
-            let (key, origin) = match e {
-                rewind_engine::ConfigError::GlobalBudgetTooSmall { .. } => {
-                    ("engine.global_bytes", global_origin)
+            // The engine words the problem; name the key it is about.
+            use rewind_engine::ConfigError as E;
+            let (key, origin) = match &e {
+                E::ZeroRetention {
+                    setting: "session_events",
+                } => ("engine.session_events", events_origin),
+                E::ZeroRetention { .. } => ("engine.session_bytes", session_origin),
+                E::SegmentSize { .. } => ("engine.max_segment_bytes", segment_origin),
+                E::PoolTooSmall { .. } if max_event_bytes.is_some() => {
+                    ("engine.max_event_bytes", event_origin)
                 }
-                rewind_engine::ConfigError::ZeroTtl => ("engine.idle_ttl_secs", ttl_origin),
-                _ => ("engine.ring_slots", ring_origin),
+                E::PoolTooSmall { .. } => ("engine.global_bytes", global_origin),
+                E::ZeroCap {
+                    setting: "max_sessions",
+                } => ("engine.max_sessions", sessions_origin),
+                E::ZeroCap { .. } => ("engine.max_sessions_per_principal", per_principal_origin),
+                _ => ("engine.idle_ttl_secs", ttl_origin),
             };
             return Err(invalid(key, &origin, e.to_string()));
         }
@@ -454,23 +513,23 @@ mod tests {
         let s = Settings::resolve(&ServeArgs::default(), None).unwrap();
         assert_eq!(s.listen.to_string(), DEFAULT_LISTEN);
         assert_eq!(s.admin_listen.to_string(), DEFAULT_ADMIN_LISTEN);
-        assert_eq!(s.engine.ring_slots, Config::default().ring_slots);
+        assert_eq!(s.engine.session_events, Config::default().session_events);
         assert!(s.admin_token.is_none() && s.policy.is_none());
     }
 
     #[test]
     fn flags_override_the_file_which_overrides_defaults() {
         let file = parse(
-            "listen = \"127.0.0.1:9000\"\npolicy = \"p/strict.wasm\"\n[engine]\nring_slots = 64\nidle_ttl_secs = 5\n",
+            "listen = \"127.0.0.1:9000\"\npolicy = \"p/strict.wasm\"\n[engine]\nsession_events = 64\nidle_ttl_secs = 5\n",
         )
         .unwrap();
         let args = ServeArgs {
-            ring_slots: Some(128),
+            session_events: Some(128),
             ..ServeArgs::default()
         };
         let s = Settings::resolve_with_file(&args, None, file, Some(Path::new("x.toml"))).unwrap();
         assert_eq!(s.listen.port(), 9000);
-        assert_eq!(s.engine.ring_slots, 128);
+        assert_eq!(s.engine.session_events, 128);
         assert_eq!(s.engine.idle_ttl, Duration::from_secs(5));
         assert_eq!(
             s.policy.as_deref(),
@@ -490,7 +549,7 @@ mod tests {
 
     #[test]
     fn bad_values_name_the_key_and_origin() {
-        let file = parse("[engine]\nring_slots = 1000\n").unwrap();
+        let file = parse("[engine]\nmax_segment_bytes = 1000\n").unwrap();
         let e = Settings::resolve_with_file(
             &ServeArgs::default(),
             None,
@@ -500,7 +559,7 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(
-            e.contains("engine.ring_slots") && e.contains("r.toml") && e.contains("1000"),
+            e.contains("engine.max_segment_bytes") && e.contains("r.toml") && e.contains("1000"),
             "{e}"
         );
         let args = ServeArgs {

@@ -33,7 +33,7 @@ impl Drop for Admin {
 async fn start() -> Admin {
     let host = Arc::new(PolicyHost::with_default_policy().unwrap());
     let mut config = Config::default();
-    config.ring_slots = 64;
+    config.session_events = 64;
     config.session_bytes = 64 * 1024;
     let engine = Engine::with_policy(config, Arc::clone(&host) as _).unwrap();
     let metrics = Arc::new(ServerMetrics::new());
@@ -189,9 +189,10 @@ async fn metrics_parse_and_move_with_traffic() {
     let before = parse_prometheus(&admin.get("/metrics").await.text().await.unwrap());
     for name in [
         "rewind_appends_total",
-        "rewind_appended_bytes_total",
         "rewind_events_delivered_total",
-        "rewind_lagged_readers_total",
+        "rewind_reader_gaps_total",
+        "rewind_sessions_refused_total",
+        "rewind_pool_bytes",
         "rewind_sessions_opened_total",
         "rewind_sessions_closed_total",
         "rewind_sessions_expired_total",

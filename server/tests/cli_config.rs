@@ -68,18 +68,27 @@ fn a_value_of_the_wrong_type_is_named() {
 
 #[test]
 fn a_bad_value_names_the_key_and_its_origin() {
-    let file = write_temp("slots.toml", "[engine]\nring_slots = 1000\n");
+    let file = write_temp("segments.toml", "[engine]\nmax_segment_bytes = 1000\n");
     let out = rewind(&["serve", "--config", file.to_str().unwrap()], &[]);
-    fails_naming(&out, &["engine.ring_slots", "slots.toml", "power of two"]);
+    fails_naming(
+        &out,
+        &["engine.max_segment_bytes", "segments.toml", "power of two"],
+    );
 
-    let out = rewind(&["serve"], &[("REWIND_RING_SLOTS", "3")]);
-    fails_naming(&out, &["engine.ring_slots", "REWIND_RING_SLOTS"]);
+    let out = rewind(&["serve"], &[("REWIND_MAX_SEGMENT_BYTES", "3")]);
+    fails_naming(
+        &out,
+        &["engine.max_segment_bytes", "REWIND_MAX_SEGMENT_BYTES"],
+    );
 
-    let out = rewind(&["serve", "--session-bytes", "100"], &[]);
-    fails_naming(&out, &["engine.session_bytes", "--session-bytes"]);
+    let out = rewind(&["serve", "--session-events", "0"], &[]);
+    fails_naming(&out, &["engine.session_events", "--session-events"]);
+
+    let out = rewind(&["serve", "--max-sessions", "0"], &[]);
+    fails_naming(&out, &["engine.max_sessions", "--max-sessions"]);
 
     let out = rewind(&["serve", "--global-bytes", "1000"], &[]);
-    fails_naming(&out, &["engine.global_bytes", "cannot hold one session"]);
+    fails_naming(&out, &["engine.global_bytes", "cannot hold one event"]);
 
     let out = rewind(&["serve", "--listen", "localhost"], &[]);
     fails_naming(&out, &["--listen"]);
@@ -87,32 +96,36 @@ fn a_bad_value_names_the_key_and_its_origin() {
 
 #[test]
 fn flags_beat_the_environment_which_beats_the_file() {
-    // The file says 1000 (invalid), the environment 64 (valid), the flag 3
-    // (invalid): the flag wins and is the one reported.
-    let file = write_temp("prec.toml", "[engine]\nring_slots = 1000\n");
+    // The file says 1000 (invalid), the environment 65536 (valid), the flag
+    // 3 (invalid): the flag wins and is the one reported.
+    let file = write_temp("prec.toml", "[engine]\nmax_segment_bytes = 1000\n");
     let out = rewind(
         &[
             "serve",
             "--config",
             file.to_str().unwrap(),
-            "--ring-slots",
+            "--max-segment-bytes",
             "3",
         ],
-        &[("REWIND_RING_SLOTS", "64")],
+        &[("REWIND_MAX_SEGMENT_BYTES", "65536")],
     );
     fails_naming(
         &out,
-        &["engine.ring_slots", "flag --ring-slots", "3 is not"],
+        &[
+            "engine.max_segment_bytes",
+            "flag --max-segment-bytes",
+            "= 3 must",
+        ],
     );
-    // Without the flag the environment's valid 64 beats the file's 1000, so
-    // the next error is the file's bad TTL.
+    // Without the flag the environment's valid 65536 beats the file's 1000,
+    // so the next error is the file's bad TTL.
     let file = write_temp(
         "prec2.toml",
-        "[engine]\nring_slots = 1000\nidle_ttl_secs = 0\n",
+        "[engine]\nmax_segment_bytes = 1000\nidle_ttl_secs = 0\n",
     );
     let out = rewind(
         &["serve", "--config", file.to_str().unwrap()],
-        &[("REWIND_RING_SLOTS", "64")],
+        &[("REWIND_MAX_SEGMENT_BYTES", "65536")],
     );
     fails_naming(&out, &["engine.idle_ttl_secs", "prec2.toml"]);
 }

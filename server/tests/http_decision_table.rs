@@ -138,7 +138,7 @@ async fn cursor_beyond_the_high_water_mark_is_409() {
 #[tokio::test]
 async fn cursor_before_the_retained_window_gets_gap_first() {
     let mut config = Config::default();
-    config.ring_slots = 16;
+    config.session_events = 16;
     let server = start(config, McpOptions::default()).await;
     let b = tenant(&server, "b").await;
     let a_sid = server.initialize().await;

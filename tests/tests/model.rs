@@ -7,9 +7,14 @@
 //! After every resume the script checks:
 //!
 //! - no delivered event belongs to another session or another epoch;
-//! - the verdict is the one the design's table gives for the model's facts;
+//! - the verdict is the one the decision table gives for the model's facts;
 //! - a resume delivers exactly the model's events of the cursor's stream
-//!   after the cursor, each once, in order — or the engine said "gap".
+//!   after the cursor, each once, in order — or the engine said "gap";
+//! - retention keeps at least the newest `SLOTS` events of a session;
+//! - under pool pressure (floods of sessions, a busy session filling the
+//!   pool) only idle sessions are evicted, an evicted session is gone
+//!   everywhere (appends refused, resumes 404), and a busy session loses
+//!   its oldest events (a gap), never its session.
 
 use std::collections::HashMap;
 
@@ -52,6 +57,15 @@ enum Op {
     Close(usize),
     Reopen(usize),
     Restart,
+    /// Open this many anonymous sessions holding one event each: pool
+    /// pressure.
+    Flood(usize),
+    /// A session with a call in flight appends this many large events:
+    /// it alone can fill the pool.
+    Hog {
+        session: usize,
+        n: usize,
+    },
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -72,6 +86,8 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (0usize..6).prop_map(Op::Close),
         1 => (0usize..6).prop_map(Op::Reopen),
         1 => Just(Op::Restart),
+        1 => (1usize..400).prop_map(Op::Flood),
+        1 => (0usize..6, 1usize..200).prop_map(|(session, n)| Op::Hog { session, n }),
     ]
 }
 
@@ -100,9 +116,12 @@ struct World {
 
 fn config(boot: u64) -> Config {
     let mut c = Config::default();
-    c.ring_slots = SLOTS;
-    c.session_bytes = 4096; // 8 events × < 64 bytes: the slots are the limit
-    c.global_bytes = 1 << 24;
+    c.session_events = SLOTS as u64;
+    c.session_bytes = 1 << 30; // the event count is the limit
+                               // About 450 smallest segments: floods and hogs fill it.
+    c.global_bytes = 256 * 1024;
+    c.max_segment_bytes = 2048;
+    c.max_event_bytes = 8 * 1024;
     c.boot_epoch = Some(boot);
     // A key that survives restarts, as with file-backed storage: cursors of
     // an earlier process stay attributable to their session.
@@ -183,7 +202,12 @@ impl World {
                 } else {
                     writer(base)()
                 };
-                prop_assert_eq!(appended.len(), *n * if *two_threads { 2 } else { 1 });
+                let want = *n * if *two_threads { 2 } else { 1 };
+                if appended.len() < want {
+                    // Only an eviction (pool pressure from a flood) may
+                    // refuse appends to a live session.
+                    prop_assert!(s.handle.is_ended(), "appends refused on a live session");
+                }
                 appended.sort_by_key(|e| e.id.seq);
                 for e in &appended {
                     self.origin.insert(e.payload.clone(), (slot, epoch));
@@ -221,6 +245,49 @@ impl World {
                 }
             }
             Op::Resume { session, cursor } => self.resume(*session, cursor)?,
+            Op::Flood(n) => {
+                let mut newest = None;
+                for _ in 0..*n {
+                    let h = self.engine.open(None).unwrap();
+                    h.append(9, &[b'f'; 200]).unwrap();
+                    newest = Some(h);
+                }
+                if let Some(h) = newest {
+                    prop_assert!(!h.is_ended(), "the newest session is evicted last");
+                }
+            }
+            Op::Hog { session, n } => {
+                let Some(slot) = self.pick(*session) else {
+                    return Ok(());
+                };
+                let s = &mut self.sessions[slot];
+                if !s.live || s.handle.is_ended() {
+                    return Ok(());
+                }
+                let _call = s.handle.begin_call();
+                let epoch = s.handle.epoch();
+                for _ in 0..*n {
+                    let k = s.counter;
+                    s.counter += 1;
+                    let mut p = format!("{slot}:{epoch}:1:{k}:").into_bytes();
+                    p.resize(1500, b'h');
+                    let id = s.handle.append(1, &p);
+                    prop_assert!(id.is_ok(), "a busy session's append failed: {:?}", id);
+                    self.origin.insert(p.clone(), (slot, epoch));
+                    s.events.push(ModelEvent {
+                        id: id.unwrap(),
+                        stream: 1,
+                        payload: p,
+                    });
+                }
+                prop_assert!(!s.handle.is_ended(), "a busy session was evicted");
+            }
+        }
+        // Evictions end sessions behind the model's back: follow them.
+        for s in &mut self.sessions {
+            if s.live && s.handle.is_ended() {
+                s.live = false;
+            }
         }
         Ok(())
     }
@@ -239,9 +306,24 @@ impl World {
             CursorPick::None => (None, Verdict::Fresh),
             CursorPick::Own(n) if !s.events.is_empty() => {
                 let c = s.events[n % s.events.len()].id;
-                // Retained iff the first event after the cursor is still in
-                // the ring of SLOTS events.
-                let in_window = c.seq + 1 + SLOTS as u64 > high_water;
+                // The newest SLOTS events are always retained; older ones
+                // may be (at most one segment more): then the engine's
+                // oldest retained event decides, checked below.
+                let surely_held = c.seq + 1 + SLOTS as u64 > high_water;
+                let oldest = self.engine.facts(ResumeRequest {
+                    session_id: Some(&s.handle.id().to_string()),
+                    last_event_id: Some(&c.to_string()),
+                    principal: None,
+                });
+                if s.live && high_water >= SLOTS as u64 {
+                    prop_assert!(
+                        oldest.oldest_retained <= high_water + 1 - SLOTS as u64,
+                        "fewer than {} events retained: {:?}",
+                        SLOTS,
+                        oldest
+                    );
+                }
+                let in_window = surely_held || c.seq + 1 >= oldest.oldest_retained;
                 (
                     Some(c.to_string()),
                     if in_window {

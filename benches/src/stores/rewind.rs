@@ -30,13 +30,14 @@ pub struct RewindCursor {
 }
 
 impl RewindStore {
-    /// An engine whose sessions hold `ring_slots` events and `session_bytes`
-    /// of payload each, with a global budget no bench reaches.
-    pub fn new(ring_slots: usize, session_bytes: usize) -> RewindStore {
+    /// An engine whose sessions keep at least `session_events` events, with
+    /// a pool no bench fills (3 GiB, committed only as sessions use it).
+    pub fn new(session_events: u64) -> RewindStore {
         let mut config = Config::default();
-        config.ring_slots = ring_slots;
-        config.session_bytes = session_bytes;
-        config.global_bytes = 1 << 40;
+        config.session_events = session_events;
+        config.session_bytes = 1 << 30;
+        config.global_bytes = 3 << 30;
+        config.max_sessions = 1 << 22;
         RewindStore {
             engine: Engine::new(config).expect("bench config is valid"),
         }
@@ -57,9 +58,9 @@ impl RewindStore {
 }
 
 impl Default for RewindStore {
-    /// Sessions of 64 events and 8 KiB, as in the replay group.
+    /// Sessions of 64 events, as in the replay group.
     fn default() -> Self {
-        RewindStore::new(64, 8 * 1024)
+        RewindStore::new(64)
     }
 }
 

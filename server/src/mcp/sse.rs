@@ -141,14 +141,21 @@ impl SseReader {
                 Some(Ok(event_frame(id, &self.buf)))
             }
             Ok(None) => None,
-            Err(ReplayError::Lagged { after, missing_seq }) => {
-                // This reader fell behind the ring: say so, then go on from
-                // the oldest event still held.
-                self.replay.skip_gap();
-                let json = format!(
-                    "{{\"reason\":\"reader lagged behind the retained window\",\"cursor\":\"{after}\",\"missing_seq\":{missing_seq}}}"
-                );
-                Some(Ok(Bytes::from(format!("event: gap\ndata: {json}\n\n"))))
+            Err(ReplayError::Lagged { after, .. }) => {
+                // Events this reader had not sent yet were released: say so
+                // with the same `gap` a resume from here would get, then go
+                // on from the oldest event still held.
+                let oldest = self.replay.skip_gap();
+                let oldest = EventId {
+                    seq: oldest,
+                    ..after
+                };
+                let signal = Signal::lagged(after, Some(oldest));
+                Some(Ok(Bytes::from(format!(
+                    "event: {}\ndata: {}\n\n",
+                    signal.kind.event_name(),
+                    signal.to_json()
+                ))))
             }
             Err(e) => Some(Err(e)),
         }

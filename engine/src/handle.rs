@@ -1,0 +1,260 @@
+//! [`SessionHandle`]: what an embedding holds to append to a session, open
+//! streams on it, and read it.
+
+use std::fmt;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use crate::id::{EventId, SessionId};
+use crate::metrics::Counter;
+use crate::replay::Replay;
+use crate::session::{Attachment, Session, NO_STREAM};
+use crate::shared::Shared;
+use crate::storage::AppendFailure;
+
+/// Why an append was refused. Nothing was stored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum AppendError {
+    /// The payload is larger than any event the engine holds
+    /// ([`Config::max_event_bytes`](crate::Config)).
+    TooLarge {
+        /// The payload's length.
+        len: usize,
+        /// The largest payload the engine accepts.
+        max: usize,
+    },
+    /// The session has ended (closed, expired or evicted).
+    SessionEnded,
+    /// The stream id is reserved.
+    BadStream,
+    /// The pool is full and nothing could be freed: every segment belongs
+    /// to a busy session's newest events.
+    PoolExhausted,
+}
+
+impl fmt::Display for AppendError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            AppendError::TooLarge { len, max } => {
+                write!(
+                    f,
+                    "event of {len} bytes exceeds the per-event limit of {max} bytes"
+                )
+            }
+            AppendError::SessionEnded => f.write_str("the session has ended"),
+            AppendError::BadStream => f.write_str("stream id u32::MAX is reserved"),
+            AppendError::PoolExhausted => f.write_str(
+                "the event pool is full of busy sessions' newest events; raise global_bytes",
+            ),
+        }
+    }
+}
+
+impl std::error::Error for AppendError {}
+
+/// A live session: append to it, open streams on it, read it.
+///
+/// Holding a handle keeps the session's record alive but not the session:
+/// after it ends (closed, expired, evicted) appends fail with
+/// [`AppendError::SessionEnded`] and readers stop.
+#[derive(Clone)]
+pub struct SessionHandle {
+    pub(crate) session: Arc<Session>,
+    pub(crate) shared: Arc<Shared>,
+}
+
+impl fmt::Debug for SessionHandle {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&self.session, f)
+    }
+}
+
+/// A call in flight on a session, from [`SessionHandle::begin_call`]: while
+/// any is held the session is never evicted.
+#[derive(Debug)]
+pub struct CallGuard {
+    session: Arc<Session>,
+}
+
+impl Drop for CallGuard {
+    fn drop(&mut self) {
+        self.session.busy.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+impl SessionHandle {
+    /// The session's id (the credential clients present).
+    pub fn id(&self) -> SessionId {
+        self.session.id
+    }
+
+    /// The session's epoch (incarnation).
+    pub fn epoch(&self) -> u64 {
+        self.session.epoch
+    }
+
+    /// The principal the session is bound to, if any.
+    pub fn principal(&self) -> Option<&str> {
+        self.session.principal.as_deref()
+    }
+
+    /// Whether the session has ended.
+    pub fn is_ended(&self) -> bool {
+        self.session.is_ended()
+    }
+
+    /// A new stream id, unique within the session (stream 0 is the
+    /// session's standalone stream and is never returned). `None` after
+    /// 2³² − 2 streams.
+    pub fn new_stream(&self) -> Option<u32> {
+        self.session.new_stream()
+    }
+
+    /// Appends an event to `stream` and returns its id. Takes no lock; any
+    /// number of threads may append to one session at once. Wakes readers
+    /// parked on the session (and only then pays for a wake-up).
+    #[inline]
+    pub fn append(&self, stream: u32, payload: &[u8]) -> Result<EventId, AppendError> {
+        let shared = &*self.shared;
+        let s = &*self.session;
+        let refused = |e| {
+            shared.metrics.add(Counter::AppendsRefused, 1);
+            Err(e)
+        };
+        if stream == NO_STREAM {
+            return refused(AppendError::BadStream);
+        }
+        let now = shared.now_ms();
+        let mut reclaimed = 0;
+        let seq = loop {
+            match s.window.append(
+                &shared.pool,
+                s.owner(),
+                &shared.keep,
+                stream,
+                now,
+                payload,
+                0,
+            ) {
+                Ok(seq) => break seq,
+                Err(AppendFailure::TooLarge { max }) => {
+                    return refused(AppendError::TooLarge {
+                        len: payload.len(),
+                        max,
+                    })
+                }
+                Err(AppendFailure::Ended) => return refused(AppendError::SessionEnded),
+                Err(AppendFailure::PoolFull { class }) => {
+                    // Other appenders may take what a reclaim frees before
+                    // this one retries; give up only when a reclaim frees
+                    // nothing, or after many rounds.
+                    if reclaimed == 16 || !shared.reclaim(class) {
+                        return refused(AppendError::PoolExhausted);
+                    }
+                    reclaimed += 1;
+                }
+            }
+        };
+        s.touch(now);
+        s.wake();
+        Ok(s.event_id(stream, seq))
+    }
+
+    /// Marks the session active now (resets its idle TTL), e.g. while a
+    /// client holds a stream open with nothing to send.
+    pub fn touch(&self) {
+        self.session.touch(self.shared.now_ms());
+    }
+
+    /// Marks a call in flight until the guard drops: the session is not
+    /// evicted meanwhile (open readers count the same way).
+    pub fn begin_call(&self) -> CallGuard {
+        self.session.busy.fetch_add(1, Ordering::Relaxed);
+        CallGuard {
+            session: self.session.clone(),
+        }
+    }
+
+    /// Opens a reader of `stream` that starts after everything appended so
+    /// far: the live part of a fresh stream. Its [`Replay::position`] is the
+    /// id to send as the stream's priming event; a client resuming from it
+    /// gets exactly the events this reader would have delivered.
+    pub fn subscribe(&self, stream: u32) -> Replay {
+        let from = self.high_water();
+        Replay::new(self.clone(), stream, from)
+    }
+
+    /// Opens a reader of `stream` positioned after `after`, an id this
+    /// session incarnation issued (e.g. the position where an earlier
+    /// reader of the stream stopped). `None` if `after` names another
+    /// session, another incarnation, another stream, or a sequence number
+    /// not issued yet: the engine never positions a reader by a cursor it
+    /// did not mint for this session. Events after `after` that are no
+    /// longer retained make the reader's first read
+    /// [`ReplayError::Lagged`](crate::ReplayError).
+    pub fn subscribe_from(&self, stream: u32, after: EventId) -> Option<Replay> {
+        let s = &self.session;
+        let mine = after.tag == s.tag && after.epoch == s.epoch && after.stream == stream;
+        (mine && after.seq <= self.high_water())
+            .then(|| Replay::new(self.clone(), stream, after.seq))
+    }
+
+    /// Opens a reader of `stream` from the first event the session ever
+    /// appended: everything on the stream that is still retained, then live
+    /// events. If older events of the session are gone, the first read is
+    /// [`ReplayError::Lagged`](crate::ReplayError).
+    pub fn subscribe_from_start(&self, stream: u32) -> Replay {
+        Replay::new(self.clone(), stream, 0)
+    }
+
+    /// The id of the newest event on the session (on any stream) as if it
+    /// were on `stream`: a cursor meaning "everything after now".
+    pub fn cursor_now(&self, stream: u32) -> EventId {
+        self.session.event_id(stream, self.high_water())
+    }
+
+    /// The highest sequence number issued on the session (0 before the
+    /// first append).
+    pub fn high_water(&self) -> u64 {
+        self.session.window.high_water(&self.shared.pool)
+    }
+
+    /// Bytes of pool memory the session's retained events occupy now.
+    pub fn held_bytes(&self) -> u64 {
+        u64::from(self.session.window.held_units()) * self.shared.pool.shape().unit_words as u64 * 8
+    }
+
+    /// Ends the session (as [`Engine::close`](crate::Engine::close)).
+    pub fn close(&self) -> bool {
+        self.shared
+            .end(&self.session, crate::session::EndReason::Closed)
+    }
+
+    /// Time since the session was opened.
+    pub fn age(&self) -> Duration {
+        Duration::from_millis(self.shared.now_ms().saturating_sub(self.session.opened_ms))
+    }
+
+    /// Keeps `attachment` with the session (held weakly); the engine calls
+    /// [`Attachment::ended`] on it when the session ends. Returns `false`
+    /// if the session already has one. If the session has already ended,
+    /// `ended` is called at once.
+    pub fn attach(&self, attachment: Weak<dyn Attachment>) -> bool {
+        if !self.session.attach(attachment) {
+            return false;
+        }
+        if self.session.is_ended() {
+            // Ended between the lookup and now: the end could not tell it.
+            self.session.tell_ended(crate::session::EndReason::Closed);
+        }
+        true
+    }
+
+    /// The session's attachment, if it is a `T` and still alive.
+    pub fn attachment<T: Attachment>(&self) -> Option<Arc<T>> {
+        let any: Arc<dyn std::any::Any + Send + Sync> = self.session.attachment()?;
+        any.downcast::<T>().ok()
+    }
+}

@@ -1,0 +1,365 @@
+//! The state every handle of an engine shares, and the operations that
+//! change which sessions exist: open (with admission), end, expiry,
+//! eviction under pool pressure. Defined and implemented here only.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use crate::clock::Clock;
+use crate::config::{Config, ConfigError};
+use crate::handle::SessionHandle;
+use crate::id::{SessionId, TagKey};
+use crate::metrics::{Counter, Metrics};
+use crate::policy::Policy;
+use crate::session::{EndReason, Registry, Session};
+use crate::storage::{Deferred, Pool, Retention};
+use crate::sync::Spin;
+
+/// Why a session could not be opened.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum OpenError {
+    /// As many sessions are live as [`Config::max_sessions`] allows.
+    TooManySessions {
+        /// The cap.
+        cap: usize,
+        /// A hint for the client (HTTP `Retry-After`).
+        retry_after: Duration,
+    },
+    /// The principal holds as many sessions as
+    /// [`Config::max_sessions_per_principal`] allows.
+    PrincipalLimit {
+        /// The cap.
+        cap: usize,
+        /// A hint for the client (HTTP `Retry-After`).
+        retry_after: Duration,
+    },
+    /// A session with this id is already live (only [`Engine::reopen`] of
+    /// the same id racing with itself, or a broken random source).
+    ///
+    /// [`Engine::reopen`]: crate::Engine::reopen
+    IdTaken,
+}
+
+impl OpenError {
+    /// How long a refused client should wait before trying again, if the
+    /// refusal is about load.
+    pub fn retry_after(&self) -> Option<Duration> {
+        match self {
+            OpenError::TooManySessions { retry_after, .. }
+            | OpenError::PrincipalLimit { retry_after, .. } => Some(*retry_after),
+            OpenError::IdTaken => None,
+        }
+    }
+}
+
+impl fmt::Display for OpenError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            OpenError::TooManySessions { cap, .. } => {
+                write!(f, "{cap} sessions are live, the most max_sessions allows")
+            }
+            OpenError::PrincipalLimit { cap, .. } => write!(
+                f,
+                "this principal holds {cap} sessions, the most max_sessions_per_principal allows"
+            ),
+            OpenError::IdTaken => f.write_str("a session with this id is already live"),
+        }
+    }
+}
+
+impl std::error::Error for OpenError {}
+
+/// What a refused client is told to wait: about how long sessions take to
+/// come and go. A hint, not a promise.
+const RETRY_AFTER: Duration = Duration::from_secs(5);
+
+pub(crate) struct Shared {
+    pub(crate) config: Config,
+    pub(crate) tag_key: TagKey,
+    /// The first epoch of this engine; any epoch below it was minted by an
+    /// earlier incarnation of the process.
+    pub(crate) boot_epoch: u64,
+    /// Next epoch to hand out. Only grows.
+    next_epoch: AtomicU64,
+    pub(crate) registry: Registry,
+    pub(crate) metrics: Metrics,
+    pub(crate) policy: Arc<dyn Policy>,
+    pub(crate) clock: Clock,
+    pub(crate) pool: Pool,
+    pub(crate) keep: Retention,
+    /// Live sessions per principal (only principals that hold one).
+    principals: Mutex<HashMap<Box<str>, usize>>,
+    /// Segments of ended sessions that a writer was still filling.
+    deferred: Mutex<Vec<Deferred>>,
+    /// One reclaimer at a time; the others wait for it.
+    reclaiming: AtomicBool,
+}
+
+impl fmt::Debug for Shared {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Shared")
+            .field("boot_epoch", &self.boot_epoch)
+            .field("policy", &self.policy.name())
+            .field("pool", &self.pool)
+            .finish_non_exhaustive()
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Plain maps and lists: consistent after any panic between statements.
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Shared {
+    pub(crate) fn new(config: Config, policy: Arc<dyn Policy>) -> Result<Shared, ConfigError> {
+        config.validate()?;
+        let boot_epoch = config.boot_epoch.unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(1, |d| d.as_micros() as u64)
+        });
+        Ok(Shared {
+            tag_key: config.tag_key.unwrap_or_else(TagKey::random),
+            boot_epoch,
+            next_epoch: AtomicU64::new(boot_epoch),
+            registry: Registry::new(),
+            metrics: Metrics::new(),
+            policy,
+            clock: Clock::new(),
+            pool: Pool::new(config.pool_shape()),
+            keep: config.retention(),
+            principals: Mutex::new(HashMap::new()),
+            deferred: Mutex::new(Vec::new()),
+            reclaiming: AtomicBool::new(false),
+            config,
+        })
+    }
+
+    #[inline]
+    pub(crate) fn now_ms(&self) -> u64 {
+        self.clock.now_ms()
+    }
+
+    fn ttl_ms(&self) -> u64 {
+        u64::try_from(self.config.idle_ttl.as_millis()).unwrap_or(u64::MAX)
+    }
+
+    pub(crate) fn is_expired(&self, s: &Session, now_ms: u64) -> bool {
+        now_ms.saturating_sub(s.last_active_ms.load(Ordering::Relaxed)) > self.ttl_ms()
+    }
+
+    /// The session `id` if it is live and not past its TTL (an expired one
+    /// is ended on the spot). `now_ms` is the caller's clock reading, so one
+    /// request reads the clock once.
+    pub(crate) fn live(&self, id: SessionId, now_ms: u64) -> Option<Arc<Session>> {
+        let s = self.registry.get(id)?;
+        if s.is_ended() {
+            return None;
+        }
+        if self.is_expired(&s, now_ms) {
+            self.end(&s, EndReason::Expired);
+            return None;
+        }
+        Some(s)
+    }
+
+    pub(crate) fn open(
+        self: &Arc<Self>,
+        id: SessionId,
+        principal: Option<&str>,
+    ) -> Result<SessionHandle, OpenError> {
+        let cap = self.config.max_sessions as u64;
+        if self
+            .metrics
+            .sessions_live
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                (n < cap).then_some(n + 1)
+            })
+            .is_err()
+        {
+            self.metrics.add(Counter::SessionsRefused, 1);
+            return Err(OpenError::TooManySessions {
+                cap: self.config.max_sessions,
+                retry_after: RETRY_AFTER,
+            });
+        }
+        if let Some(p) = principal {
+            let cap = self.config.max_sessions_per_principal;
+            let mut map = lock(&self.principals);
+            let n = map.entry(Box::from(p)).or_insert(0);
+            if *n >= cap {
+                drop(map);
+                self.metrics.sessions_live.fetch_sub(1, Ordering::Relaxed);
+                self.metrics.add(Counter::SessionsRefused, 1);
+                return Err(OpenError::PrincipalLimit {
+                    cap,
+                    retry_after: RETRY_AFTER,
+                });
+            }
+            *n += 1;
+        }
+        // Relaxed: uniqueness comes from the RMW itself; nothing else is
+        // published through this counter.
+        let epoch = self.next_epoch.fetch_add(1, Ordering::Relaxed);
+        let session = Arc::new(Session::new(
+            id,
+            self.tag_key.tag(id),
+            epoch,
+            principal,
+            self.now_ms(),
+        ));
+        if !self.registry.insert(session.clone()) {
+            self.forget(principal);
+            return Err(OpenError::IdTaken);
+        }
+        self.metrics.add(Counter::SessionsOpened, 1);
+        Ok(SessionHandle {
+            session,
+            shared: self.clone(),
+        })
+    }
+
+    /// Undoes the admission of a session that will not be live.
+    fn forget(&self, principal: Option<&str>) {
+        self.metrics.sessions_live.fetch_sub(1, Ordering::Relaxed);
+        if let Some(p) = principal {
+            let mut map = lock(&self.principals);
+            if let Some(n) = map.get_mut(p) {
+                *n -= 1;
+                if *n == 0 {
+                    map.remove(p);
+                }
+            }
+        }
+    }
+
+    /// Ends `s` once: unregisters it, frees its segments, tells its
+    /// attachment. Returns whether this call ended it.
+    pub(crate) fn end(&self, s: &Arc<Session>, why: EndReason) -> bool {
+        if !s.end() {
+            return false;
+        }
+        self.registry.remove(s);
+        self.metrics
+            .add(Counter::EndedAppends, s.window.high_water(&self.pool));
+        let deferred = s.window.close(&self.pool);
+        if !deferred.is_empty() {
+            lock(&self.deferred).extend(deferred);
+        }
+        self.forget(s.principal.as_deref());
+        self.metrics.add(
+            match why {
+                EndReason::Closed => Counter::SessionsClosed,
+                EndReason::Expired => Counter::SessionsExpired,
+                EndReason::Evicted => Counter::SessionsEvicted,
+            },
+            1,
+        );
+        s.tell_ended(why);
+        true
+    }
+
+    /// Makes room in the pool for a segment of `class` (and some slack, a
+    /// thirty-second of the pool, so the O(sessions) scan is amortised over
+    /// many allocations): first ends sessions with no open reader and no
+    /// call in flight, least recently active first; then, if that is not
+    /// enough, releases the oldest segments of busy sessions (their lagging
+    /// readers get a gap). Freed memory counts only once it can serve the
+    /// class: a pool fragmented into small free segments is not room for a
+    /// large one. Returns whether anything was freed.
+    pub(crate) fn reclaim(&self, class: u8) -> bool {
+        if self.reclaiming.swap(true, Ordering::Acquire) {
+            // Someone else is at it: wait for them, then retry.
+            let spin = Spin::new();
+            while self.reclaiming.load(Ordering::Acquire) {
+                spin.snooze();
+            }
+            return true;
+        }
+        self.retry_deferred();
+        let pool = &self.pool;
+        let slack = pool.capacity_bytes() / 32;
+        let unit_bytes = pool.shape().unit_words as u64 * 8;
+        let enough = |freed: u64| freed * unit_bytes >= slack && pool.has_room_for(class);
+        // Units this pass freed; what it frees may be taken by other
+        // appenders at once, so the pool's free count cannot tell.
+        let mut freed = 0u64;
+        let mut idle = Vec::new();
+        self.registry.for_each(|s| {
+            if s.busy.load(Ordering::Relaxed) == 0 && !s.window.is_empty() {
+                idle.push((s.last_active_ms.load(Ordering::Relaxed), s.clone()));
+            }
+        });
+        idle.sort_unstable_by_key(|(t, _)| *t);
+        for (_, s) in idle {
+            if enough(freed) {
+                break;
+            }
+            let held = u64::from(s.window.held_units());
+            if s.busy.load(Ordering::Relaxed) == 0 && self.end(&s, EndReason::Evicted) {
+                freed += held;
+            }
+        }
+        if !enough(freed) {
+            let mut busy = Vec::new();
+            self.registry.for_each(|s| {
+                if s.window.held_units() > 1 {
+                    busy.push((s.window.held_units(), s.clone()));
+                }
+            });
+            busy.sort_unstable_by_key(|(units, _)| std::cmp::Reverse(*units));
+            'all: for (_, s) in busy {
+                loop {
+                    let released = s.window.retain(pool, &self.keep, true);
+                    if released == 0 {
+                        break;
+                    }
+                    freed += u64::from(released);
+                    if enough(freed) {
+                        break 'all;
+                    }
+                }
+            }
+        }
+        self.reclaiming.store(false, Ordering::Release);
+        freed > 0
+    }
+
+    fn retry_deferred(&self) {
+        let mut deferred = lock(&self.deferred);
+        deferred.retain(|d| !d.try_free(&self.pool));
+    }
+
+    /// Ends expired sessions, frees deferred segments, and makes room ahead
+    /// of need when the pool is nearly full. Returns the sessions ended.
+    pub(crate) fn sweep(&self) -> usize {
+        let now = self.now_ms();
+        let mut expired = Vec::new();
+        self.registry.for_each(|s| {
+            if self.is_expired(s, now) {
+                expired.push(s.clone());
+            }
+        });
+        let ended = expired
+            .iter()
+            .filter(|s| self.end(s, EndReason::Expired))
+            .count();
+        self.retry_deferred();
+        if self.pool.free_bytes() < self.pool.capacity_bytes() / 32 {
+            self.reclaim(0);
+        }
+        ended
+    }
+
+    /// The sum of the live sessions' high-water marks.
+    pub(crate) fn live_appends(&self) -> u64 {
+        let mut total = 0;
+        self.registry
+            .for_each(|s| total += s.window.high_water(&self.pool));
+        total
+    }
+}

@@ -1,0 +1,307 @@
+//! Where everything lives in the pool's words, and how the packed words are
+//! encoded. Pure functions and `Pod` structs: no atomics, no protocol.
+//!
+//! # Units, segments, classes
+//!
+//! The pool is cut into *units* of `unit_words` words (512 bytes by
+//! default). A segment of class `c` covers `2^c` consecutive units and
+//! starts at a unit index that is a multiple of `2^c` (buddy alignment). A
+//! segment is named by the index of its first unit, a `u32`.
+//!
+//! # Per-unit words
+//!
+//! Beside the data area the pool keeps two words per unit, outside every
+//! segment, so they never become payload bytes of another segment:
+//!
+//! - the **stamp**: changes on every allocation and every release of the
+//!   segment starting at that unit (odd while owned, even while free), and
+//!   when the unit disappears into a merged segment. Stamps only grow, so a
+//!   `(unit, stamp)` pair names one allocation forever;
+//! - the **state**: the segment's claim word while it is open for appends,
+//!   its successor once it is sealed. Every write to it is a CAS that
+//!   includes generation bits of the stamp, so a writer that slept through
+//!   a release and reuse can never change the new owner's state.
+//!
+//! # Segment layout
+//!
+//! ```text
+//! word 0                8                                       end
+//! ┌──────────────────┬────────┬────────┬─────┬───────┬─────────┬───┬───┐
+//! │ SegmentHeader    │ frame 0│ frame 1│ ... │ (free)│ table   │ 1 │ 0 │
+//! │ (8 words)        │        │        │     │       │ entries ...   │
+//! └──────────────────┴────────┴────────┴─────┴───────┴─────────┴───┴───┘
+//! ```
+//!
+//! Frames grow from the header upward, back to back; the *table* grows from
+//! the segment's end downward, one word per frame: `table[i]` (the `i`-th
+//! word from the end) holds `gen32 << 32 | offset` of frame `i`, so a cursor
+//! is found in O(1) once its segment is known. A frame is
+//!
+//! ```text
+//! MARK  gen32 << 32 | len        written last (Release): the completion mark
+//! META  stream << 32 | check     check: CRC-32 of the payload in durable pools, else 0
+//! TIME  appended_ms              the engine clock at append
+//! payload words, the last one zero-padded
+//! ```
+//!
+//! `gen32` is the low half of the segment's (odd) stamp, so it is never 0
+//! and a mark left by an earlier owner of the same bytes never matches.
+
+use bytemuck::{Pod, Zeroable};
+
+/// Words of the in-band segment header.
+pub(crate) const HEADER_WORDS: usize = 8;
+/// Words of a frame's header (mark, meta, time).
+pub(crate) const FRAME_HEADER_WORDS: usize = 3;
+/// Bytes in a word.
+pub(crate) const WORD_BYTES: usize = 8;
+
+/// The in-band header of an owned segment. Written once by the allocating
+/// writer before the segment is published; read by readers and recovery,
+/// validated by the segment's stamp.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub(crate) struct SegmentHeader {
+    /// Free-list link while the segment is free; 0 while owned.
+    pub(crate) link: u64,
+    /// Owner tag of the session (the keyed hash in its event ids).
+    pub(crate) owner_tag: u64,
+    /// Epoch of the owning session incarnation; unique per engine.
+    pub(crate) owner_epoch: u64,
+    /// Sequence number of the segment's first frame.
+    pub(crate) first_seq: u64,
+    /// The previous segment of the session: [`SegRef::pack`].
+    pub(crate) prev: u64,
+    /// `class` in the low byte.
+    pub(crate) info: u64,
+    /// Engine-clock milliseconds when the segment was opened.
+    pub(crate) opened_ms: u64,
+    /// Reserved (0).
+    pub(crate) reserved: u64,
+}
+
+const _: () = assert!(std::mem::size_of::<SegmentHeader>() == HEADER_WORDS * WORD_BYTES);
+
+impl SegmentHeader {
+    pub(crate) fn to_words(self) -> [u64; HEADER_WORDS] {
+        bytemuck::cast(self)
+    }
+
+    pub(crate) fn from_words(words: [u64; HEADER_WORDS]) -> SegmentHeader {
+        bytemuck::cast(words)
+    }
+
+    pub(crate) fn class(&self) -> u8 {
+        self.info as u8
+    }
+}
+
+/// One allocation of a segment: its first unit and the stamp it got.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct SegRef {
+    pub(crate) unit: u32,
+    /// The low half of the unit's stamp: all that state words, marks and
+    /// table entries keep, and what a reader compares.
+    pub(crate) stamp: u32,
+}
+
+impl SegRef {
+    /// Packed into one word: `(unit + 1) << 32 | low 32 bits of the stamp`.
+    /// 0 means "none".
+    pub(crate) fn pack(self) -> u64 {
+        (u64::from(self.unit) + 1) << 32 | u64::from(self.stamp)
+    }
+
+    /// The unit and the stamp's low half of a packed reference; `None` for 0
+    /// or the session-closed marker.
+    pub(crate) fn unpack(word: u64) -> Option<SegRef> {
+        if word == 0 || word == CLOSED {
+            return None;
+        }
+        Some(SegRef {
+            unit: ((word >> 32) - 1) as u32,
+            stamp: word as u32,
+        })
+    }
+}
+
+/// A session's `head`/`oldest` word once the session has ended.
+pub(crate) const CLOSED: u64 = u64::MAX;
+
+/// The state word of a segment, decoded.
+///
+/// ```text
+/// open:          gen:21 | 0 | 0 | count:16 | used:26
+/// sealed → next: gen:21 | 1 | 0 | ...      | next unit + 1 : 32
+/// sealed, last:  gen:21 | 1 | 1 | count:16 | used:26
+/// ```
+///
+/// `gen` is bits 1..22 of the stamp; `used` counts frame bytes (the header
+/// and table excluded). "Sealed, last" is how a segment ends when its
+/// session ends: no successor, but the final count is kept for recovery and
+/// deferred release.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum State {
+    /// Accepting claims.
+    Open {
+        /// Frames claimed.
+        count: u32,
+        /// Frame bytes claimed.
+        used: u32,
+    },
+    /// Full; the session continues in `next`.
+    Next {
+        /// The successor's first unit.
+        next: u32,
+    },
+    /// The session ended with this segment open; `count` frames were
+    /// claimed.
+    Last {
+        /// Frames claimed.
+        count: u32,
+        /// Frame bytes claimed.
+        used: u32,
+    },
+}
+
+const USED_BITS: u32 = 26;
+const COUNT_BITS: u32 = 16;
+const LAST_BIT: u64 = 1 << (USED_BITS + COUNT_BITS);
+const SEALED_BIT: u64 = LAST_BIT << 1;
+const GEN_SHIFT: u32 = USED_BITS + COUNT_BITS + 2;
+/// Generation bits kept in a state word.
+pub(crate) const GEN_BITS: u32 = 64 - GEN_SHIFT;
+/// Largest frame-bytes count an open state can hold: segments are at most
+/// this big.
+pub(crate) const MAX_USED: u32 = (1 << USED_BITS) - 1;
+/// Most frames one segment can hold.
+pub(crate) const MAX_COUNT: u32 = (1 << COUNT_BITS) - 1;
+
+/// The generation bits of `stamp` as kept in state words.
+pub(crate) fn state_gen(stamp: u32) -> u64 {
+    u64::from(stamp >> 1) & ((1 << GEN_BITS) - 1)
+}
+
+impl State {
+    pub(crate) fn encode(self, stamp: u32) -> u64 {
+        let gen = state_gen(stamp) << GEN_SHIFT;
+        match self {
+            State::Open { count, used } => gen | u64::from(count) << USED_BITS | u64::from(used),
+            State::Next { next } => gen | SEALED_BIT | (u64::from(next) + 1),
+            State::Last { count, used } => {
+                gen | SEALED_BIT | LAST_BIT | u64::from(count) << USED_BITS | u64::from(used)
+            }
+        }
+    }
+
+    /// Decodes `word` if it belongs to the allocation with `stamp`.
+    pub(crate) fn decode(word: u64, stamp: u32) -> Option<State> {
+        if word >> GEN_SHIFT != state_gen(stamp) {
+            return None;
+        }
+        let count = ((word >> USED_BITS) & u64::from(MAX_COUNT)) as u32;
+        let used = (word & u64::from(MAX_USED)) as u32;
+        Some(if word & SEALED_BIT == 0 {
+            State::Open { count, used }
+        } else if word & LAST_BIT != 0 {
+            State::Last { count, used }
+        } else {
+            State::Next {
+                next: ((word & 0xffff_ffff) - 1) as u32,
+            }
+        })
+    }
+}
+
+/// A frame's completion mark for the allocation with `stamp`.
+pub(crate) fn mark(stamp: u32, len: u32) -> u64 {
+    u64::from(stamp) << 32 | u64::from(len)
+}
+
+/// The payload length a mark announces, if it is a mark of `stamp`'s
+/// allocation.
+pub(crate) fn mark_len(word: u64, stamp: u32) -> Option<u32> {
+    (word >> 32 == u64::from(stamp)).then_some(word as u32)
+}
+
+/// A table entry for a frame at word `offset` of the allocation `stamp`.
+pub(crate) fn table_entry(stamp: u32, offset: u32) -> u64 {
+    u64::from(stamp) << 32 | u64::from(offset)
+}
+
+/// The frame offset a table entry holds, if it belongs to `stamp`.
+pub(crate) fn table_offset(word: u64, stamp: u32) -> Option<u32> {
+    (word >> 32 == u64::from(stamp)).then_some(word as u32)
+}
+
+/// `stream << 32 | check`.
+pub(crate) fn meta(stream: u32, check: u32) -> u64 {
+    u64::from(stream) << 32 | u64::from(check)
+}
+
+/// Words a frame with a `len`-byte payload occupies.
+pub(crate) const fn frame_words(len: usize) -> usize {
+    FRAME_HEADER_WORDS + len.div_ceil(WORD_BYTES)
+}
+
+/// Whether a segment of `segment_words` with `count` frames of `used`
+/// bytes has room for one more frame of `frame_bytes` (plus its table
+/// entry).
+pub(crate) fn fits(segment_words: usize, count: u32, used: u32, frame_bytes: usize) -> bool {
+    let need =
+        HEADER_WORDS * WORD_BYTES + used as usize + frame_bytes + (count as usize + 1) * WORD_BYTES;
+    need <= segment_words * WORD_BYTES
+        && count < MAX_COUNT
+        && used as usize + frame_bytes <= MAX_USED as usize
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn states_round_trip_and_belong_to_their_allocation() {
+        let stamp = 0x1234_5677;
+        for s in [
+            State::Open { count: 0, used: 0 },
+            State::Open {
+                count: MAX_COUNT,
+                used: MAX_USED,
+            },
+            State::Next { next: 0 },
+            State::Next { next: u32::MAX - 1 },
+            State::Last { count: 7, used: 99 },
+        ] {
+            assert_eq!(State::decode(s.encode(stamp), stamp), Some(s));
+            assert_eq!(State::decode(s.encode(stamp), stamp + 2), None);
+        }
+    }
+
+    #[test]
+    fn marks_and_entries_name_their_allocation() {
+        let stamp = 0xabc_0001;
+        assert_eq!(mark_len(mark(stamp, 17), stamp), Some(17));
+        assert_eq!(mark_len(mark(stamp, 17), stamp + 2), None);
+        assert_eq!(mark_len(0, stamp), None, "zeroed memory is never a mark");
+        assert_eq!(table_offset(table_entry(stamp, 40), stamp), Some(40));
+        assert_eq!(table_offset(table_entry(stamp, 40), stamp + 2), None);
+    }
+
+    #[test]
+    fn seg_refs_pack_with_none_distinct() {
+        let r = SegRef { unit: 0, stamp: 3 };
+        assert_ne!(r.pack(), 0);
+        assert_eq!(SegRef::unpack(r.pack()), Some(r));
+        assert_eq!(SegRef::unpack(0), None);
+        assert_eq!(SegRef::unpack(CLOSED), None);
+    }
+
+    #[test]
+    fn fit_accounts_for_header_frames_and_table() {
+        // 64 words = 512 bytes: header 64, one 3-word frame + 8 table.
+        assert!(fits(64, 0, 0, 440));
+        assert!(!fits(64, 0, 0, 448));
+        assert!(fits(64, 1, 24, 408));
+        assert!(!fits(64, 1, 24, 416));
+    }
+}

@@ -1,0 +1,124 @@
+//! Storage: one pool of segments per engine; each session's retained events
+//! are a short chain of segments in it.
+//!
+//! Memory follows data. The pool is one allocation whose size is the
+//! engine's global byte budget, cut into buddy-aligned segments of a few
+//! size classes ([`pool`]). A session holds nothing until its first append;
+//! then its *window* ([`window`]) is a chain of segments, the newest (the
+//! *head*) taking appends, the oldest released once the newer ones hold the
+//! session's retention. Events are written back to back into the head
+//! segment, so a replay copies long runs of contiguous words. Segments are
+//! addressed by unit index and word offset, never by pointer, and every
+//! header is `Pod`: the same bytes can live in a memory-mapped file.
+//! [`layout`] draws the words.
+//!
+//! # Append (any number of writers per session)
+//!
+//! 1. Load the session's `head` (Acquire) and the head segment's *state*
+//!    word, which packs `gen | count | used` (frames and frame bytes
+//!    claimed, and generation bits of the segment's stamp).
+//! 2. If the frame fits, CAS the state to `count + 1, used + frame` — the
+//!    claim; the frame's sequence number is `first_seq + count` and its
+//!    place is `header + used`. Write the table entry, meta, time and
+//!    payload words (`Relaxed`), then the *mark* `gen32 << 32 | len`
+//!    (`Release`): the completion mark that publishes the frame.
+//! 3. If it does not fit, allocate the next segment (one class larger, up
+//!    to the growth limit; larger still if the event needs it), initialise
+//!    its header with `first_seq = first_seq + count` and a back link, and
+//!    CAS the old head's state from that exact `count` to *sealed → next*
+//!    (`AcqRel`). The winner swings the session's `head` to the successor
+//!    (CAS; any appender that sees a sealed head helps, as in a
+//!    Michael–Scott queue) and then applies retention. A loser keeps its
+//!    fresh segment as a spare for its next try.
+//!
+//! A session's first segment is installed by CAS on `oldest` (the winner
+//! then publishes `head`; other appenders wait for it with backoff — the
+//! one place an appender waits for another).
+//!
+//! Cost of an append into a segment with room, uncontended: three loads,
+//! one CAS (the only locked RMW), the frame's stores and one `Release`
+//! store. No fence. (The engine adds its wake-up check: one `SeqCst` fence
+//! and a load.)
+//!
+//! # Read (any number of readers, never waiting, never writing)
+//!
+//! A cursor is `(segment, stamp, index, offset)`. Reading frame `index`:
+//! load the state (Acquire) to learn how many frames are claimed (or, once
+//! sealed, the final count from the successor's `first_seq`); load the
+//! frame's mark (Acquire) — a mark of another generation, or none, means
+//! the writer has not finished (`Pending`); copy meta, time and payload
+//! words (`Relaxed`); `fence(Acquire)`; the segment's stamp must still be
+//! the cursor's, else the segment was released under the reader and the
+//! bytes may belong to a later owner: `Lagged`, and the copy is discarded.
+//! Within one allocation nothing is ever overwritten, so a frame whose mark
+//! was acquired and whose stamp held is exactly what its writer wrote. A
+//! cursor is positioned by walking back from the head along the back links
+//! (chains are short), then `table[index]` gives the frame's offset in
+//! O(1); a sequential reader just adds the frame's length.
+//!
+//! Every segment header names its owner session (tag and epoch); a reader
+//! refuses a segment whose header names another, so a reader of session A
+//! can never be walked into B's bytes, whatever the links say
+//! (invariant 2 holds by construction, not by a policy).
+//!
+//! # Reuse is detected, not prevented
+//!
+//! Each unit has a *stamp* outside the data area: odd and new on every
+//! allocation, even on release, bumped by two when a merge retires it.
+//! Every change is followed by `fence(Release)` before the memory is handed
+//! on (Boehm's seqlock reader pattern: "Can seqlocks get along with
+//! programming language memory models?", 2012). A reader that loaded any
+//! word written by a later owner and then fenced (Acquire) observes the new
+//! stamp. State words carry 21 bits of the stamp and marks and table
+//! entries 32, and every state change is a CAS, so an appender that slept
+//! through a release and reuse fails its CAS instead of writing into the
+//! new owner's segment. A segment is released only when it is sealed and
+//! every frame its count announces carries its mark: no writer can still be
+//! copying into it.
+//!
+//! # Release and retention
+//!
+//! The oldest segment is released when the segments after it still hold
+//! the session's retention (`max_events` events or `max_bytes` bytes): a
+//! session keeps *at least* its newest events up to those limits, and at
+//! most one segment more. The release is a CAS of `oldest` to the
+//! successor; its winner frees the segment. Closing a session swaps `head`
+//! and `oldest` to `CLOSED`, seals the head as *last*, and frees the chain
+//! (a segment with a frame still being written is handed back as
+//! [`window::Deferred`] and freed later).
+//!
+//! # Orderings
+//!
+//! - `head`/`oldest` stores and CASes are `Release` (or `AcqRel`), loads
+//!   `Acquire`: a segment's header and state are written before it is
+//!   linked, so whoever finds it through a link sees them.
+//! - The claim CAS is `Relaxed`: it only has to be unique; the frame is
+//!   published by its mark.
+//! - The mark store is `Release`, the reader's mark load `Acquire`.
+//! - Stamp changes: `Relaxed` store + `fence(Release)`; the reader checks
+//!   with `fence(Acquire)` + `Relaxed` load after its copies.
+//! - No `SeqCst` in the storage protocol.
+//!
+//! # Limits
+//!
+//! A unit's stamp is compared on 32 bits: a cursor held across 2^31
+//! reuses of its segment could be fooled; a state CAS needs 2^20 reuses of
+//! one unit within one appender's preemption. Segments hold at most 65,535
+//! frames and 64 MiB; the pool at most 2^32 - 1 units.
+
+pub(crate) mod backing;
+pub(crate) mod freelist;
+pub(crate) mod layout;
+pub(crate) mod pool;
+pub(crate) mod window;
+
+#[cfg(all(test, loom))]
+mod loom_tests;
+#[cfg(all(test, not(loom)))]
+mod tests;
+
+pub(crate) use pool::{Pool, PoolShape};
+pub(crate) use window::{AppendFailure, Cursor, Deferred, Owner, Read, Retention, Window};
+
+/// The default unit: 512-byte segments are the smallest class.
+pub(crate) const UNIT_WORDS: usize = 64;

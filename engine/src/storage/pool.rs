@@ -1,0 +1,309 @@
+//! The segment pool: one allocation, cut into buddy-aligned segments of a
+//! few size classes, handed out and taken back through lock-free free
+//! lists.
+//!
+//! Allocating class `c` pops class `c`'s free list; when it is empty, the
+//! smallest larger class that has a segment is split down: each split
+//! pushes the upper half onto the list of the class below (a buddy
+//! allocator, Knuth vol. 1 §2.5). Freeing pushes the segment back onto its
+//! own class. Free buddies are merged again only by [`Pool::coalesce`],
+//! which runs when an allocation finds no segment of its class or larger:
+//! merging on every free would need the buddy's state, i.e. a lock or a
+//! multi-word CAS, on a path that is otherwise one CAS.
+//!
+//! # Stamps
+//!
+//! Every allocation makes its first unit's stamp odd (the next odd value),
+//! every release makes it even (+1), and a merge bumps the upper buddy's
+//! stamp by 2, retiring it: a `(unit, stamp)` pair never names two
+//! allocations. Each bump is followed by `fence(Release)` before the
+//! segment's memory is handed on, so a reader that loads a byte written by
+//! a later owner and then issues `fence(Acquire)` sees the bump (see the
+//! storage module docs, "Reuse is detected").
+//!
+//! # Costs
+//!
+//! `alloc` of a class that has a free segment: one CAS (the pop) and one
+//! `fetch_sub` of the free counter; a split adds one CAS per level.
+//! `free`: one store, one CAS (the push), one `fetch_add`.
+
+use crossbeam_utils::CachePadded;
+
+use super::backing::Backing;
+use super::freelist::FreeList;
+use super::layout::{SegRef, HEADER_WORDS};
+use crate::sync::{fence, AtomicU64, Ordering};
+
+/// The shape of a pool.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct PoolShape {
+    /// Units in the pool.
+    pub(crate) units: u32,
+    /// Words per unit (a power of two, at least 16).
+    pub(crate) unit_words: usize,
+    /// The largest class (segments of `2^top_class` units).
+    pub(crate) top_class: u8,
+}
+
+impl PoolShape {
+    /// The shape for `bytes` of memory in all: the data area plus the two
+    /// per-unit words, with classes up to `top_class`.
+    pub(crate) fn for_budget(bytes: u64, unit_words: usize, top_class: u8) -> PoolShape {
+        let per_unit = (unit_words as u64 + 2) * 8;
+        let units = (bytes / per_unit).min(u64::from(u32::MAX - 1)) as u32;
+        let fits = if units == 0 {
+            0
+        } else {
+            (31 - units.leading_zeros()) as u8
+        };
+        PoolShape {
+            units,
+            unit_words,
+            top_class: top_class.min(fits),
+        }
+    }
+
+    /// Words of a segment of `class`.
+    pub(crate) fn class_words(&self, class: u8) -> usize {
+        self.unit_words << class
+    }
+
+    /// Words the backing must hold: stamps, states, data.
+    pub(crate) fn total_words(&self) -> usize {
+        self.units as usize * (self.unit_words + 2)
+    }
+}
+
+/// The pool. See the module docs.
+pub(crate) struct Pool {
+    backing: Backing,
+    shape: PoolShape,
+    /// One list per class `0..=top_class`. Padded: allocation in one class
+    /// must not slow another class's pops.
+    free: Box<[CachePadded<FreeList>]>,
+    /// Units on the free lists (or being moved between them).
+    free_units: AtomicU64,
+    data_base: usize,
+}
+
+impl std::fmt::Debug for Pool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pool")
+            .field("shape", &self.shape)
+            .field("free_units", &self.free_units.load(Ordering::Relaxed))
+            .finish_non_exhaustive()
+    }
+}
+
+impl Pool {
+    /// A pool over fresh zeroed memory, every unit free.
+    pub(crate) fn new(shape: PoolShape) -> Pool {
+        let pool = Pool::over(Backing::heap(shape.total_words()), shape);
+        pool.free_everything();
+        pool
+    }
+
+    /// A pool over `backing` (zeroed or recovered); its free lists start
+    /// empty.
+    pub(crate) fn over(backing: Backing, shape: PoolShape) -> Pool {
+        assert!(shape.unit_words.is_power_of_two() && shape.unit_words >= 2 * HEADER_WORDS);
+        assert!(backing.words().len() >= shape.total_words());
+        Pool {
+            backing,
+            shape,
+            free: (0..=shape.top_class)
+                .map(|_| CachePadded::new(FreeList::new()))
+                .collect(),
+            free_units: AtomicU64::new(0),
+            data_base: 2 * shape.units as usize,
+        }
+    }
+
+    /// Puts every unit on the free lists, as buddy-aligned blocks of the
+    /// largest classes that fit.
+    pub(crate) fn free_everything(&self) {
+        let mut unit = 0u32;
+        for class in (0..=self.shape.top_class).rev() {
+            let size = 1u32 << class;
+            while self.shape.units - unit >= size {
+                self.push(unit, class);
+                unit += size;
+            }
+        }
+    }
+
+    pub(crate) fn shape(&self) -> PoolShape {
+        self.shape
+    }
+
+    /// Bytes of segment memory on the free lists.
+    pub(crate) fn free_bytes(&self) -> u64 {
+        self.free_units.load(Ordering::Relaxed) * self.unit_bytes()
+    }
+
+    /// Bytes of segment memory in all.
+    pub(crate) fn capacity_bytes(&self) -> u64 {
+        u64::from(self.shape.units) * self.unit_bytes()
+    }
+
+    fn unit_bytes(&self) -> u64 {
+        self.shape.unit_words as u64 * 8
+    }
+
+    /// The stamp word of `unit` (only its low 32 bits are used).
+    #[inline]
+    pub(crate) fn stamp(&self, unit: u32) -> &AtomicU64 {
+        &self.backing.words()[unit as usize]
+    }
+
+    /// The current stamp of `unit`.
+    #[inline]
+    pub(crate) fn stamp_now(&self, unit: u32, order: Ordering) -> u32 {
+        self.stamp(unit).load(order) as u32
+    }
+
+    /// The state word of `unit`.
+    #[inline]
+    pub(crate) fn state(&self, unit: u32) -> &AtomicU64 {
+        &self.backing.words()[self.shape.units as usize + unit as usize]
+    }
+
+    /// The words of the segment of `class` at `unit`.
+    #[inline]
+    pub(crate) fn segment(&self, unit: u32, class: u8) -> &[AtomicU64] {
+        let start = self.data_base + unit as usize * self.shape.unit_words;
+        &self.backing.words()[start..start + self.shape.class_words(class)]
+    }
+
+    /// Whether `unit` can start a segment of `class` in this pool.
+    pub(crate) fn valid(&self, unit: u32, class: u8) -> bool {
+        class <= self.shape.top_class
+            && unit.is_multiple_of(1 << class)
+            && u64::from(unit) + (1u64 << class) <= u64::from(self.shape.units)
+    }
+
+    /// Allocates a segment of `class`: its stamp is odd and new; its other
+    /// words hold whatever the previous owner left (the caller initialises
+    /// the header and state before publishing it). `None` when no segment
+    /// of `class` or larger is free.
+    pub(crate) fn alloc(&self, class: u8) -> Option<SegRef> {
+        let unit = self.take(class).or_else(|| {
+            self.coalesce();
+            self.take(class)
+        })?;
+        let stamp_word = self.stamp(unit);
+        // Only the allocator touches a free unit's stamp: load + store.
+        let stamp = (stamp_word.load(Ordering::Relaxed) as u32).wrapping_add(1) | 1;
+        stamp_word.store(u64::from(stamp), Ordering::Relaxed);
+        // Every write the new owner makes to the segment comes after this
+        // fence; a reader that loads one of them and then fences (Acquire)
+        // sees the new stamp.
+        fence(Ordering::Release);
+        Some(SegRef { unit, stamp })
+    }
+
+    /// Pops `class`, or splits the smallest larger class that has one.
+    fn take(&self, class: u8) -> Option<u32> {
+        let top = self.shape.top_class;
+        if class > top {
+            return None;
+        }
+        let (unit, mut have) = (class..=top).find_map(|c| self.pop(c).map(|u| (u, c)))?;
+        while have > class {
+            have -= 1;
+            // Keep the lower half, free the upper one.
+            self.push(unit + (1 << have), have);
+        }
+        Some(unit)
+    }
+
+    /// Releases the segment `seg` of `class`. The caller guarantees no
+    /// writer will touch it again (every claimed frame is published).
+    pub(crate) fn free(&self, seg: SegRef, class: u8) {
+        // Only the one owner frees; Relaxed + the fence below suffice.
+        self.stamp(seg.unit)
+            .store(u64::from(seg.stamp.wrapping_add(1)), Ordering::Relaxed);
+        fence(Ordering::Release);
+        self.push(seg.unit, class);
+    }
+
+    fn link(&self, unit: u32) -> &AtomicU64 {
+        &self.backing.words()[self.data_base + unit as usize * self.shape.unit_words]
+    }
+
+    fn push(&self, unit: u32, class: u8) {
+        self.free_units.fetch_add(1 << class, Ordering::Relaxed);
+        self.free[class as usize].push(unit, self.link(unit));
+    }
+
+    fn pop(&self, class: u8) -> Option<u32> {
+        let units = self.shape.units;
+        let unit = self.free[class as usize].pop(units, |u| self.link(u))?;
+        self.free_units.fetch_sub(1 << class, Ordering::Relaxed);
+        Some(unit)
+    }
+
+    /// Merges free buddies, class by class from the smallest. Each class's
+    /// list is taken whole (one swap), sorted, and pairs of free buddies are
+    /// pushed one class up; the rest go back. Allocations racing with it
+    /// see a list empty for a moment and split a larger segment or report
+    /// the pool full; they never see a segment twice.
+    pub(crate) fn coalesce(&self) {
+        let mut units = Vec::new();
+        for class in 0..self.shape.top_class {
+            let Some(first) = self.free[class as usize].take_all() else {
+                continue;
+            };
+            units.clear();
+            let mut unit = first;
+            loop {
+                units.push(unit);
+                let next = self.link(unit).load(Ordering::Relaxed);
+                if next == 0
+                    || next > u64::from(self.shape.units)
+                    || units.len() > self.shape.units as usize
+                {
+                    break;
+                }
+                unit = (next - 1) as u32;
+            }
+            self.free_units
+                .fetch_sub((units.len() as u64) << class, Ordering::Relaxed);
+            units.sort_unstable();
+            let size = 1u32 << class;
+            let mut i = 0;
+            while i < units.len() {
+                let u = units[i];
+                if u.is_multiple_of(2 * size) && units.get(i + 1) == Some(&(u + size)) {
+                    // The upper buddy disappears into the merged segment:
+                    // retire its stamp (even + 2 stays even).
+                    let upper = self.stamp(u + size);
+                    let retired = (upper.load(Ordering::Relaxed) as u32).wrapping_add(2);
+                    upper.store(u64::from(retired), Ordering::Relaxed);
+                    fence(Ordering::Release);
+                    self.push(u, class + 1);
+                    i += 2;
+                } else {
+                    self.push(u, class);
+                    i += 1;
+                }
+            }
+        }
+    }
+
+    /// The free list of `class` looked empty just now.
+    #[cfg(test)]
+    pub(crate) fn class_is_empty(&self, class: u8) -> bool {
+        self.free[class as usize].is_empty()
+    }
+
+    /// Whether an allocation of `class` would find a segment now (merging
+    /// free buddies first if it would not).
+    pub(crate) fn has_room_for(&self, class: u8) -> bool {
+        let any = || (class..=self.shape.top_class).any(|c| !self.free[c as usize].is_empty());
+        any() || {
+            self.coalesce();
+            any()
+        }
+    }
+}

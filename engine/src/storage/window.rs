@@ -1,0 +1,910 @@
+//! One session's retained window: a chain of pool segments, appended to at
+//! the head, released from the oldest end, read by any number of cursors.
+//!
+//! The window is two words in the session record (`head`, `oldest`, each a
+//! packed [`SegRef`]) plus a count of the units it holds; everything else
+//! lives in the pool. See the storage module docs for the protocol and its
+//! orderings; this file is its implementation.
+
+use super::layout::{
+    fits, frame_words, mark, mark_len, meta, table_entry, table_offset, SegRef, SegmentHeader,
+    State, CLOSED, FRAME_HEADER_WORDS, HEADER_WORDS, WORD_BYTES,
+};
+use super::pool::Pool;
+use crate::sync::{fence, AtomicU32, AtomicU64, Ordering, Spin};
+
+/// Who a window belongs to: written into every segment it allocates and
+/// checked by every reader.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Owner {
+    /// The session's owner tag.
+    pub(crate) tag: u64,
+    /// The session incarnation's epoch.
+    pub(crate) epoch: u64,
+}
+
+/// How much a window keeps, and how its segments grow.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Retention {
+    /// The oldest segment is released once the segments after it hold at
+    /// least this many events...
+    pub(crate) max_events: u64,
+    /// ... or at least this many bytes (segment sizes).
+    pub(crate) max_bytes: u64,
+    /// Class of a session's first segment (at least; a large first event
+    /// takes a larger one).
+    pub(crate) first_class: u8,
+    /// Segments grow by one class per segment up to this one.
+    pub(crate) grow_class: u8,
+}
+
+/// Why an append stored nothing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum AppendFailure {
+    /// No segment class can hold the event.
+    TooLarge {
+        /// Largest payload any segment can hold.
+        max: usize,
+    },
+    /// The window is closed.
+    Ended,
+    /// The pool has no segment of the class needed (or larger); free some
+    /// and retry.
+    PoolFull {
+        /// The smallest class that would do.
+        class: u8,
+    },
+}
+
+/// A position of a reader in a window: the next sequence number to read,
+/// and where it is, once found.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Cursor {
+    /// The next sequence number to read (the first is 1).
+    pub(crate) seq: u64,
+    at: Option<Pos>,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Pos {
+    seg: SegRef,
+    class: u8,
+    first_seq: u64,
+    /// Word offset of frame `seq` in the segment; `UNKNOWN` until read
+    /// from the table.
+    offset: u32,
+    /// Frames in the segment once it is known to be sealed; `UNKNOWN`
+    /// before.
+    sealed_count: u32,
+}
+
+const UNKNOWN: u32 = u32::MAX;
+
+/// Metadata of one frame.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct FrameMeta {
+    /// Its sequence number.
+    pub(crate) seq: u64,
+    /// Its stream.
+    pub(crate) stream: u32,
+    /// The engine clock when it was appended.
+    pub(crate) appended_ms: u64,
+    /// Payload bytes.
+    pub(crate) len: usize,
+}
+
+/// What a read found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Read {
+    /// The next frame of the wanted stream; its payload is in the buffer.
+    Event(FrameMeta),
+    /// Nothing more yet: the next frame is not claimed or not published.
+    Pending,
+    /// Frame `missing` was released before it could be read.
+    Lagged {
+        /// The first sequence number that could not be read.
+        missing: u64,
+    },
+    /// The window is closed and everything readable was read.
+    Ended,
+}
+
+/// A segment of a closed window that still had a frame being written; the
+/// closer could not free it yet.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Deferred {
+    seg: SegRef,
+    class: u8,
+    count: u32,
+}
+
+impl Deferred {
+    /// Frees the segment if its last writer has finished; returns whether
+    /// it did.
+    pub(crate) fn try_free(&self, pool: &Pool) -> bool {
+        if !all_published(pool, self.seg, self.class, self.count) {
+            return false;
+        }
+        pool.free(self.seg, self.class);
+        true
+    }
+}
+
+/// A session's chain of segments.
+#[derive(Debug)]
+pub(crate) struct Window {
+    /// The segment appends go to: a packed [`SegRef`], 0 before the first
+    /// append, [`CLOSED`] after close.
+    head: AtomicU64,
+    /// The oldest segment still held, packed like `head`.
+    oldest: AtomicU64,
+    /// Units held by the chain (approximate while segments come and go).
+    held_units: AtomicU32,
+}
+
+impl Default for Window {
+    fn default() -> Window {
+        Window::new()
+    }
+}
+
+impl Window {
+    pub(crate) fn new() -> Window {
+        Window {
+            head: AtomicU64::new(0),
+            oldest: AtomicU64::new(0),
+            held_units: AtomicU32::new(0),
+        }
+    }
+
+    /// Whether the window holds no segment (nothing was ever appended, or
+    /// it is closed).
+    pub(crate) fn is_empty(&self) -> bool {
+        matches!(self.head.load(Ordering::Relaxed), 0 | CLOSED)
+    }
+
+    /// The packed head reference (tests poke at its state word).
+    #[cfg(test)]
+    pub(crate) fn head_word(&self) -> u64 {
+        self.head.load(Ordering::Relaxed)
+    }
+
+    /// Units of pool memory the window holds.
+    pub(crate) fn held_units(&self) -> u32 {
+        self.held_units.load(Ordering::Relaxed)
+    }
+
+    /// Appends one frame; returns its sequence number.
+    ///
+    /// Any number of threads may append at once. Takes no lock; waits only
+    /// for another appender that is installing the session's first segment.
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "one hot call; a struct would be built and torn down per event"
+    )]
+    pub(crate) fn append(
+        &self,
+        pool: &Pool,
+        owner: Owner,
+        keep: &Retention,
+        stream: u32,
+        now_ms: u64,
+        payload: &[u8],
+        check: u32,
+    ) -> Result<u64, AppendFailure> {
+        let frame_bytes = frame_words(payload.len()) * WORD_BYTES;
+        let Some(need_class) = fit_class(pool, frame_bytes) else {
+            return Err(AppendFailure::TooLarge {
+                max: max_payload(pool),
+            });
+        };
+        let mut spare: Option<(SegRef, u8)> = None;
+        let spin = Spin::new();
+        let result = loop {
+            let head_word = self.head.load(Ordering::Acquire);
+            let Some(head) = SegRef::unpack(head_word) else {
+                if head_word == CLOSED {
+                    break Err(AppendFailure::Ended);
+                }
+                let class = need_class.max(keep.first_class);
+                match self.install_first(pool, owner, class, need_class, now_ms, &mut spare) {
+                    Ok(()) => continue,
+                    Err(e) => break Err(e),
+                }
+            };
+            let words = pool.segment(head.unit, 0);
+            let class = words[INFO].load(Ordering::Relaxed) as u8;
+            if !pool.valid(head.unit, class) {
+                // A head word we read just before the head moved on.
+                spin.snooze();
+                continue;
+            }
+            let state_word = pool.state(head.unit).load(Ordering::Acquire);
+            match State::decode(state_word, head.stamp) {
+                None => spin.snooze(),
+                Some(State::Last { .. }) => break Err(AppendFailure::Ended),
+                Some(State::Next { next }) => self.swing(pool, head_word, next),
+                Some(State::Open { count, used }) => {
+                    let seg_words = pool.shape().class_words(class);
+                    if fits(seg_words, count, used, frame_bytes) {
+                        let claimed = State::Open {
+                            count: count + 1,
+                            used: used + frame_bytes as u32,
+                        }
+                        .encode(head.stamp);
+                        // Relaxed is enough for the claim itself: the frame
+                        // is published by its mark (Release), and the words
+                        // read below were published with the head (Acquire).
+                        if pool
+                            .state(head.unit)
+                            .compare_exchange(
+                                state_word,
+                                claimed,
+                                Ordering::Relaxed,
+                                Ordering::Relaxed,
+                            )
+                            .is_ok()
+                        {
+                            let segment = pool.segment(head.unit, class);
+                            let first_seq = segment[FIRST_SEQ].load(Ordering::Relaxed);
+                            let offset = (HEADER_WORDS + used as usize / WORD_BYTES) as u32;
+                            write_frame(
+                                segment, head.stamp, count, offset, stream, check, now_ms, payload,
+                            );
+                            break Ok(first_seq + u64::from(count));
+                        }
+                        spin.snooze();
+                        continue;
+                    }
+                    let wanted = need_class.max(keep.grow_class.min(class + 1));
+                    let first_seq = words[FIRST_SEQ].load(Ordering::Relaxed) + u64::from(count);
+                    let Some((seg, next_class)) = take_spare(pool, &mut spare, wanted, need_class)
+                    else {
+                        // Retention runs on every install, but a writer
+                        // still copying into the oldest segment holds it
+                        // back; by now it may have finished.
+                        if self.retain(pool, keep, false) > 0 {
+                            continue;
+                        }
+                        break Err(AppendFailure::PoolFull { class: need_class });
+                    };
+                    init_segment(pool, seg, next_class, owner, first_seq, head, now_ms);
+                    let sealed = State::Next { next: seg.unit }.encode(head.stamp);
+                    // Release: whoever follows `next` (an appender swinging
+                    // the head, a reader) sees the successor's header.
+                    match pool.state(head.unit).compare_exchange(
+                        state_word,
+                        sealed,
+                        Ordering::AcqRel,
+                        Ordering::Relaxed,
+                    ) {
+                        Ok(_) => {
+                            self.held_units
+                                .fetch_add(1 << next_class, Ordering::Relaxed);
+                            self.swing(pool, head_word, seg.unit);
+                            self.retain(pool, keep, false);
+                        }
+                        Err(_) => spare = Some((seg, next_class)),
+                    }
+                }
+            }
+        };
+        if let Some((seg, class)) = spare {
+            pool.free(seg, class);
+        }
+        result
+    }
+
+    /// Installs the first segment of the window.
+    fn install_first(
+        &self,
+        pool: &Pool,
+        owner: Owner,
+        class: u8,
+        least: u8,
+        now_ms: u64,
+        spare: &mut Option<(SegRef, u8)>,
+    ) -> Result<(), AppendFailure> {
+        let (seg, class) = take_spare(pool, spare, class, least)
+            .ok_or(AppendFailure::PoolFull { class: least })?;
+        init_segment(pool, seg, class, owner, 1, NO_SEG, now_ms);
+        // The segment enters the chain with `oldest`; from then on whoever
+        // takes it out of the chain (retention, close) frees it.
+        match self
+            .oldest
+            .compare_exchange(0, seg.pack(), Ordering::AcqRel, Ordering::Acquire)
+        {
+            Ok(_) => {
+                self.held_units.fetch_add(1 << class, Ordering::Relaxed);
+                // Release pairs with appenders' and readers' Acquire head
+                // loads: the header and state above are visible to them.
+                match self.head.compare_exchange(
+                    0,
+                    seg.pack(),
+                    Ordering::Release,
+                    Ordering::Relaxed,
+                ) {
+                    Ok(_) => Ok(()),
+                    // Closed in between; the closer owns the segment now.
+                    Err(_) => Err(AppendFailure::Ended),
+                }
+            }
+            Err(now) => {
+                *spare = Some((seg, class));
+                if now == CLOSED {
+                    return Err(AppendFailure::Ended);
+                }
+                // Another appender is installing: wait for its head.
+                let spin = Spin::new();
+                while self.head.load(Ordering::Acquire) == 0 {
+                    spin.snooze();
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// Moves the head from `head_word` to its sealed successor `next` (any
+    /// appender may do it; the first CAS wins).
+    fn swing(&self, pool: &Pool, head_word: u64, next: u32) {
+        // `next` cannot be released while the head still points before it:
+        // releases start at the oldest segment, and a close moves the head
+        // to CLOSED first. So its stamp is the one it was installed with.
+        let stamp = pool.stamp_now(next, Ordering::Acquire);
+        let to = SegRef { unit: next, stamp }.pack();
+        let _ = self
+            .head
+            .compare_exchange(head_word, to, Ordering::AcqRel, Ordering::Relaxed);
+    }
+
+    /// Releases the oldest segments while what follows them still meets
+    /// `keep` (or, with `force`, releases one oldest segment that is not the
+    /// head whatever `keep` says). Returns the units released.
+    pub(crate) fn retain(&self, pool: &Pool, keep: &Retention, force: bool) -> u32 {
+        let mut released = 0;
+        loop {
+            let oldest_word = self.oldest.load(Ordering::Acquire);
+            let head_word = self.head.load(Ordering::Acquire);
+            if oldest_word == head_word {
+                return released;
+            }
+            let (Some(oldest), Some(_)) = (SegRef::unpack(oldest_word), SegRef::unpack(head_word))
+            else {
+                return released;
+            };
+            let Some(old) = read_header(pool, oldest) else {
+                return released;
+            };
+            let Some(State::Next { next }) = State::decode(
+                pool.state(oldest.unit).load(Ordering::Acquire),
+                oldest.stamp,
+            ) else {
+                return released;
+            };
+            let next_ref = SegRef {
+                unit: next,
+                stamp: pool.stamp_now(next, Ordering::Acquire),
+            };
+            let Some(following) = read_header(pool, next_ref) else {
+                return released;
+            };
+            let count = following.first_seq.saturating_sub(old.first_seq);
+            if count > u64::from(super::layout::MAX_COUNT) {
+                return released;
+            }
+            let old_units = 1u32 << old.class();
+            if !force {
+                let events_after = (self.high_water(pool) + 1).saturating_sub(following.first_seq);
+                let bytes_after = u64::from(self.held_units().saturating_sub(old_units))
+                    * pool.shape().unit_words as u64
+                    * WORD_BYTES as u64;
+                if events_after < keep.max_events && bytes_after < keep.max_bytes {
+                    return released;
+                }
+            }
+            if !all_published(pool, oldest, old.class(), count as u32) {
+                // A writer that claimed a frame there has not finished; the
+                // next install tries again.
+                return released;
+            }
+            if self
+                .oldest
+                .compare_exchange(
+                    oldest_word,
+                    next_ref.pack(),
+                    Ordering::AcqRel,
+                    Ordering::Relaxed,
+                )
+                .is_ok()
+            {
+                self.held_units.fetch_sub(old_units, Ordering::Relaxed);
+                pool.free(oldest, old.class());
+                released += old_units;
+                if force {
+                    return released;
+                }
+            }
+        }
+    }
+
+    /// Closes the window: no append succeeds afterwards, readers end, and
+    /// every segment is freed — except those with a frame still being
+    /// written, returned for [`Deferred::try_free`] later.
+    pub(crate) fn close(&self, pool: &Pool) -> Vec<Deferred> {
+        let mut deferred = Vec::new();
+        self.head.swap(CLOSED, Ordering::AcqRel);
+        let oldest = self.oldest.swap(CLOSED, Ordering::AcqRel);
+        let mut next = SegRef::unpack(oldest);
+        let spin = Spin::new();
+        while let Some(seg) = next {
+            let Some(header) = read_header(pool, seg) else {
+                break;
+            };
+            let class = header.class();
+            let count = loop {
+                let word = pool.state(seg.unit).load(Ordering::Acquire);
+                match State::decode(word, seg.stamp) {
+                    Some(State::Open { count, used }) => {
+                        let last = State::Last { count, used }.encode(seg.stamp);
+                        if pool
+                            .state(seg.unit)
+                            .compare_exchange(word, last, Ordering::AcqRel, Ordering::Relaxed)
+                            .is_ok()
+                        {
+                            next = None;
+                            break count;
+                        }
+                        spin.snooze();
+                    }
+                    Some(State::Last { count, .. }) => {
+                        next = None;
+                        break count;
+                    }
+                    Some(State::Next { next: n }) => {
+                        let n = SegRef {
+                            unit: n,
+                            stamp: pool.stamp_now(n, Ordering::Acquire),
+                        };
+                        let count = read_header(pool, n)
+                            .map_or(0, |h| h.first_seq.saturating_sub(header.first_seq));
+                        next = Some(n);
+                        break count.min(u64::from(super::layout::MAX_COUNT)) as u32;
+                    }
+                    None => {
+                        next = None;
+                        break 0;
+                    }
+                }
+            };
+            let d = Deferred { seg, class, count };
+            if !d.try_free(pool) {
+                deferred.push(d);
+            }
+        }
+        self.held_units.store(0, Ordering::Relaxed);
+        deferred
+    }
+
+    /// The highest sequence number claimed (0 before the first append).
+    pub(crate) fn high_water(&self, pool: &Pool) -> u64 {
+        let spin = Spin::new();
+        loop {
+            let Some(head) = SegRef::unpack(self.head.load(Ordering::Acquire)) else {
+                return 0;
+            };
+            let words = pool.segment(head.unit, 0);
+            let first_seq = words[FIRST_SEQ].load(Ordering::Relaxed);
+            match State::decode(pool.state(head.unit).load(Ordering::Acquire), head.stamp) {
+                Some(State::Open { count, .. } | State::Last { count, .. }) => {
+                    return first_seq + u64::from(count) - 1;
+                }
+                // Sealed, head not swung yet: its successor starts right
+                // after its last frame.
+                Some(State::Next { next }) => {
+                    let n = SegRef {
+                        unit: next,
+                        stamp: pool.stamp_now(next, Ordering::Acquire),
+                    };
+                    if let Some(h) = read_header(pool, n) {
+                        return h.first_seq - 1;
+                    }
+                }
+                None => {}
+            }
+            spin.snooze();
+        }
+    }
+
+    /// The sequence number of the oldest frame still held; `high_water + 1`
+    /// when nothing is held.
+    pub(crate) fn oldest_retained(&self, pool: &Pool) -> u64 {
+        if let Some(oldest) = SegRef::unpack(self.oldest.load(Ordering::Acquire)) {
+            if let Some(h) = read_header(pool, oldest) {
+                return h.first_seq;
+            }
+        }
+        self.high_water(pool) + 1
+    }
+
+    /// A cursor whose first read returns the frame after `after`.
+    pub(crate) fn cursor_after(&self, after: u64) -> Cursor {
+        Cursor {
+            seq: after + 1,
+            at: None,
+        }
+    }
+
+    /// The engine clock when frame `seq` was appended, if it is held.
+    pub(crate) fn appended_ms(&self, pool: &Pool, owner: Owner, seq: u64) -> Option<u64> {
+        let mut cursor = Cursor { seq, at: None };
+        let Locate::At(pos) = self.locate(pool, owner, seq) else {
+            return None;
+        };
+        cursor.at = Some(pos);
+        let pos = cursor.at.as_mut()?;
+        let segment = pool.segment(pos.seg.unit, pos.class);
+        let index = (seq - pos.first_seq) as u32;
+        let offset = frame_offset(segment, pos.seg.stamp, index, pos.offset)? as usize;
+        mark_len(segment[offset].load(Ordering::Acquire), pos.seg.stamp)?;
+        let ms = segment[offset + 2].load(Ordering::Relaxed);
+        fence(Ordering::Acquire);
+        (pool.stamp_now(pos.seg.unit, Ordering::Relaxed) == pos.seg.stamp).then_some(ms)
+    }
+
+    /// Reads the next frame of `stream` (or of any stream) at `cursor`,
+    /// copying its payload into `buf` (cleared first). Never blocks, never
+    /// spins; frames of other streams are passed over.
+    pub(crate) fn read(
+        &self,
+        pool: &Pool,
+        owner: Owner,
+        cursor: &mut Cursor,
+        stream: Option<u32>,
+        buf: &mut Vec<u8>,
+    ) -> Read {
+        buf.clear();
+        loop {
+            let mut pos = match cursor.at {
+                Some(pos) => pos,
+                None => match self.locate(pool, owner, cursor.seq) {
+                    Locate::At(pos) => pos,
+                    Locate::NotYet => return Read::Pending,
+                    Locate::Gone => {
+                        return Read::Lagged {
+                            missing: cursor.seq,
+                        }
+                    }
+                    Locate::Ended => return Read::Ended,
+                },
+            };
+            let index = (cursor.seq - pos.first_seq) as u32;
+            let state = State::decode(
+                pool.state(pos.seg.unit).load(Ordering::Acquire),
+                pos.seg.stamp,
+            );
+            let count = match state {
+                None => return self.lost(cursor),
+                Some(State::Open { count, .. } | State::Last { count, .. }) => count,
+                Some(State::Next { next }) => {
+                    if pos.sealed_count == UNKNOWN {
+                        let n = SegRef {
+                            unit: next,
+                            stamp: pool.stamp_now(next, Ordering::Acquire),
+                        };
+                        match read_header(pool, n) {
+                            Some(h) if h.owner_epoch == owner.epoch && h.prev == pos.seg.pack() => {
+                                pos.sealed_count = (h.first_seq - pos.first_seq) as u32;
+                            }
+                            _ => return self.lost(cursor),
+                        }
+                    }
+                    pos.sealed_count
+                }
+            };
+            if index >= count {
+                match state {
+                    Some(State::Next { next }) if index == count => {
+                        let n = SegRef {
+                            unit: next,
+                            stamp: pool.stamp_now(next, Ordering::Acquire),
+                        };
+                        match read_header(pool, n) {
+                            Some(h) if is_owner(&h, owner) && h.prev == pos.seg.pack() => {
+                                cursor.at = Some(Pos {
+                                    seg: n,
+                                    class: h.class(),
+                                    first_seq: h.first_seq,
+                                    offset: HEADER_WORDS as u32,
+                                    sealed_count: UNKNOWN,
+                                });
+                                continue;
+                            }
+                            _ => return self.lost(cursor),
+                        }
+                    }
+                    Some(State::Last { .. }) => return Read::Ended,
+                    _ => {
+                        cursor.at = Some(pos);
+                        return Read::Pending;
+                    }
+                }
+            }
+            let segment = pool.segment(pos.seg.unit, pos.class);
+            let Some(offset) = frame_offset(segment, pos.seg.stamp, index, pos.offset) else {
+                cursor.at = Some(pos);
+                return Read::Pending;
+            };
+            pos.offset = offset;
+            // Acquire pairs with the appender's Release of the mark: its
+            // meta, time and payload stores are visible below.
+            let Some(len) = mark_len(
+                segment[offset as usize].load(Ordering::Acquire),
+                pos.seg.stamp,
+            ) else {
+                cursor.at = Some(pos);
+                return Read::Pending;
+            };
+            let len = len as usize;
+            let start = offset as usize + FRAME_HEADER_WORDS;
+            let end = start + len.div_ceil(WORD_BYTES);
+            if end > segment.len() - (index as usize + 1) {
+                // A mark of this allocation never announces that; only a
+                // released and reused segment could show it.
+                return self.lost(cursor);
+            }
+            let meta_word = segment[offset as usize + 1].load(Ordering::Relaxed);
+            let appended_ms = segment[offset as usize + 2].load(Ordering::Relaxed);
+            let frame_stream = (meta_word >> 32) as u32;
+            let wanted = stream.is_none_or(|s| s == frame_stream);
+            if wanted {
+                copy_out(&segment[start..end], len, buf);
+            }
+            // Pairs with the fence(Release) after every stamp change: if any
+            // word above came from a later owner, the stamp has changed.
+            fence(Ordering::Acquire);
+            if pool.stamp_now(pos.seg.unit, Ordering::Relaxed) != pos.seg.stamp {
+                buf.clear();
+                return self.lost(cursor);
+            }
+            let seq = cursor.seq;
+            cursor.seq += 1;
+            pos.offset = (start + len.div_ceil(WORD_BYTES)) as u32;
+            cursor.at = Some(pos);
+            if wanted {
+                return Read::Event(FrameMeta {
+                    seq,
+                    stream: frame_stream,
+                    appended_ms,
+                    len,
+                });
+            }
+        }
+    }
+
+    /// The cursor's segment was released (or the window closed) under it.
+    fn lost(&self, cursor: &mut Cursor) -> Read {
+        cursor.at = None;
+        if self.head.load(Ordering::Acquire) == CLOSED {
+            Read::Ended
+        } else {
+            Read::Lagged {
+                missing: cursor.seq,
+            }
+        }
+    }
+
+    /// Finds the segment holding `seq` (or where `seq` will be appended),
+    /// walking back from the head.
+    fn locate(&self, pool: &Pool, owner: Owner, seq: u64) -> Locate {
+        let head_word = self.head.load(Ordering::Acquire);
+        if head_word == CLOSED {
+            return Locate::Ended;
+        }
+        let Some(mut seg) = SegRef::unpack(head_word) else {
+            return Locate::NotYet;
+        };
+        for _ in 0..=u32::BITS {
+            let Some(header) = read_header(pool, seg) else {
+                return Locate::Gone;
+            };
+            if !is_owner(&header, owner) {
+                return Locate::Gone;
+            }
+            if seq >= header.first_seq {
+                return Locate::At(Pos {
+                    seg,
+                    class: header.class(),
+                    first_seq: header.first_seq,
+                    offset: if seq == header.first_seq {
+                        HEADER_WORDS as u32
+                    } else {
+                        UNKNOWN
+                    },
+                    sealed_count: UNKNOWN,
+                });
+            }
+            let Some(prev) = SegRef::unpack(header.prev) else {
+                return Locate::Gone;
+            };
+            seg = prev;
+        }
+        // Chains are far shorter; only a cycle of stale links gets here.
+        Locate::Gone
+    }
+}
+
+enum Locate {
+    At(Pos),
+    NotYet,
+    Gone,
+    Ended,
+}
+
+/// Word indices of header fields read on their own.
+const FIRST_SEQ: usize = 3;
+const INFO: usize = 5;
+const NO_SEG: SegRef = SegRef { unit: 0, stamp: 0 };
+
+fn is_owner(h: &SegmentHeader, owner: Owner) -> bool {
+    h.owner_epoch == owner.epoch && h.owner_tag == owner.tag
+}
+
+/// The header of `seg`, if `seg` is still that allocation.
+fn read_header(pool: &Pool, seg: SegRef) -> Option<SegmentHeader> {
+    if seg.unit >= pool.shape().units {
+        return None;
+    }
+    let words = pool.segment(seg.unit, 0);
+    let mut values = [0u64; HEADER_WORDS];
+    for (v, w) in values.iter_mut().zip(&words[..HEADER_WORDS]) {
+        *v = w.load(Ordering::Relaxed);
+    }
+    fence(Ordering::Acquire);
+    let header = SegmentHeader::from_words(values);
+    (pool.stamp_now(seg.unit, Ordering::Relaxed) == seg.stamp
+        && pool.valid(seg.unit, header.class()))
+    .then_some(header)
+}
+
+/// Writes the header and an empty open state into a fresh allocation.
+fn init_segment(
+    pool: &Pool,
+    seg: SegRef,
+    class: u8,
+    owner: Owner,
+    first_seq: u64,
+    prev: SegRef,
+    now_ms: u64,
+) {
+    let header = SegmentHeader {
+        link: 0,
+        owner_tag: owner.tag,
+        owner_epoch: owner.epoch,
+        first_seq,
+        prev: if prev == NO_SEG { 0 } else { prev.pack() },
+        info: u64::from(class),
+        opened_ms: now_ms,
+        reserved: 0,
+    };
+    // Relaxed: published by the CAS that links the segment (Release).
+    for (w, v) in pool.segment(seg.unit, class)[..HEADER_WORDS]
+        .iter()
+        .zip(header.to_words())
+    {
+        w.store(v, Ordering::Relaxed);
+    }
+    pool.state(seg.unit).store(
+        State::Open { count: 0, used: 0 }.encode(seg.stamp),
+        Ordering::Relaxed,
+    );
+}
+
+/// A spare segment of `class` if there is one, else a new allocation of
+/// `class` — or, when the pool has none that large, of the largest smaller
+/// class down to `least` (a fragmented pool makes the chain grow in smaller
+/// steps, it does not refuse the append). Returns the segment and its
+/// class.
+fn take_spare(
+    pool: &Pool,
+    spare: &mut Option<(SegRef, u8)>,
+    class: u8,
+    least: u8,
+) -> Option<(SegRef, u8)> {
+    match spare.take() {
+        Some((seg, c)) if c == class => return Some((seg, c)),
+        Some((seg, c)) => pool.free(seg, c),
+        None => {}
+    }
+    (least..=class)
+        .rev()
+        .find_map(|c| pool.alloc(c).map(|seg| (seg, c)))
+}
+
+/// The smallest class whose empty segment holds a frame of `frame_bytes`.
+fn fit_class(pool: &Pool, frame_bytes: usize) -> Option<u8> {
+    let shape = pool.shape();
+    (0..=shape.top_class).find(|&c| fits(shape.class_words(c), 0, 0, frame_bytes))
+}
+
+/// The largest payload the largest class holds.
+pub(crate) fn max_payload(pool: &Pool) -> usize {
+    let shape = pool.shape();
+    let words = shape.class_words(shape.top_class);
+    let room = (words - HEADER_WORDS - FRAME_HEADER_WORDS - 1) * WORD_BYTES;
+    room.min(super::layout::MAX_USED as usize - FRAME_HEADER_WORDS * WORD_BYTES)
+}
+
+/// The word offset of frame `index`: `known` if the reader already knows
+/// it, else from the table (`None` until the frame's writer stored it).
+fn frame_offset(segment: &[AtomicU64], stamp: u32, index: u32, known: u32) -> Option<u32> {
+    if known != UNKNOWN {
+        return Some(known);
+    }
+    let slot = segment.len().checked_sub(index as usize + 1)?;
+    let offset = table_offset(segment[slot].load(Ordering::Acquire), stamp)?;
+    ((offset as usize) < slot).then_some(offset)
+}
+
+/// Writes one claimed frame and publishes it with its mark.
+#[allow(
+    clippy::too_many_arguments,
+    reason = "the frame's fields, passed once on the hot path"
+)]
+fn write_frame(
+    segment: &[AtomicU64],
+    stamp: u32,
+    index: u32,
+    offset: u32,
+    stream: u32,
+    check: u32,
+    now_ms: u64,
+    payload: &[u8],
+) {
+    let at = offset as usize;
+    // Relaxed: all published by the mark's Release below.
+    segment[segment.len() - 1 - index as usize]
+        .store(table_entry(stamp, offset), Ordering::Relaxed);
+    segment[at + 1].store(meta(stream, check), Ordering::Relaxed);
+    segment[at + 2].store(now_ms, Ordering::Relaxed);
+    let body = &segment[at + FRAME_HEADER_WORDS..];
+    let mut chunks = payload.chunks_exact(WORD_BYTES);
+    for (word, chunk) in body.iter().zip(&mut chunks) {
+        let bytes: [u8; WORD_BYTES] = chunk.try_into().expect("chunks_exact");
+        word.store(u64::from_le_bytes(bytes), Ordering::Relaxed);
+    }
+    let rest = chunks.remainder();
+    if !rest.is_empty() {
+        let mut bytes = [0u8; WORD_BYTES];
+        bytes[..rest.len()].copy_from_slice(rest);
+        body[payload.len() / WORD_BYTES].store(u64::from_le_bytes(bytes), Ordering::Relaxed);
+    }
+    segment[at].store(mark(stamp, payload.len() as u32), Ordering::Release);
+}
+
+/// Whether all `count` frames of `seg` are published.
+fn all_published(pool: &Pool, seg: SegRef, class: u8, count: u32) -> bool {
+    let segment = pool.segment(seg.unit, class);
+    (0..count).all(|i| {
+        frame_offset(segment, seg.stamp, i, UNKNOWN).is_some_and(|o| {
+            mark_len(segment[o as usize].load(Ordering::Acquire), seg.stamp).is_some()
+        })
+    })
+}
+
+/// Copies `len` payload bytes out of `words` into `buf`'s spare capacity,
+/// a word at a time.
+fn copy_out(words: &[AtomicU64], len: usize, buf: &mut Vec<u8>) {
+    let n = words.len();
+    buf.reserve(n * WORD_BYTES);
+    let spare = &mut buf.spare_capacity_mut()[..n * WORD_BYTES];
+    for (dst, word) in spare.chunks_exact_mut(WORD_BYTES).zip(words) {
+        let bytes = word.load(Ordering::Relaxed).to_le_bytes();
+        for (d, b) in dst.iter_mut().zip(bytes) {
+            d.write(b);
+        }
+    }
+    debug_assert!(len <= n * WORD_BYTES);
+    // SAFETY: the loop initialised the first `n * WORD_BYTES >= len` bytes
+    // of the spare capacity, which `reserve` made at least that long.
+    unsafe { buf.set_len(len) };
+}
