@@ -6,7 +6,7 @@
 //! counter.
 //!
 //! An [`EventId`] names everything a cursor must be checked against
-//! (invariant 1 of the design):
+//! (invariant 1 in `docs/invariants.md`):
 //!
 //! ```text
 //! 9f3a0c12b4e5d6f7-5f1e2d3c4b5a6-2-1a
@@ -40,7 +40,7 @@ pub const SESSION_ID_LEN: usize = 32;
 pub const EVENT_ID_MAX_LEN: usize = 59;
 
 /// Longest input [`EventId::parse`] looks at; longer input is rejected before
-/// any other check (the design allows ids up to 64 bytes).
+/// any other check (invariant 1 allows ids up to 64 bytes).
 pub const EVENT_ID_INPUT_LIMIT: usize = 64;
 
 /// A session id: 128 random bits, 32 lowercase hex digits.

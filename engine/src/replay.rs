@@ -4,7 +4,8 @@
 //! next event of its stream after that position, or `None` once it has
 //! caught up with the writers; the caller then waits (`listen`, or
 //! `wait_next`) and calls again. Replaying old events and delivering new
-//! ones is the same loop over the same ring (invariant 7 of the design), so
+//! ones is the same loop over the same ring (invariant 7 in
+//! `docs/invariants.md`), so
 //! there is no window between "replay finished" and "live subscription
 //! registered" in which an event could be stored but sent nowhere, and no
 //! event is delivered twice.

@@ -17,7 +17,7 @@
 //! principal pointer, timestamps, stream counter, flags, the waiter list
 //! pointer and the pointer to its boxed ring), its `Arc` header and its
 //! registry entry: 174 bytes per session measured with a counting allocator
-//! (`engine/tests/memory.rs`, which holds it to the design's 256). The ring,
+//! (`engine/tests/memory.rs`, which holds it to 256). The ring,
 //! sized by configuration, comes on top.
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};

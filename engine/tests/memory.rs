@@ -1,6 +1,6 @@
 //! Bookkeeping per idle session, measured with a counting allocator.
 //!
-//! The design allows at most 256 bytes per idle session beyond its ring.
+//! The budget: at most 256 bytes per idle session beyond its ring.
 //! "Its ring" is what `SessionRing::memory_bytes` reports (slots, chunk
 //! table, arena) plus the ring's own struct; everything else an open session
 //! allocates — its record, `Arc` header, principal, registry entry, table

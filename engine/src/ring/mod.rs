@@ -4,7 +4,7 @@
 //! Every session owns one [`SessionRing`]. Producers [`append`] events (any
 //! thread, concurrently); a resumed or fresh stream is one read loop that
 //! [`read`]s sequence numbers from its cursor onward and waits when it meets
-//! [`SlotRead::Pending`] (invariant 7 of the design). Old events are silently
+//! [`SlotRead::Pending`] (invariant 7 in `docs/invariants.md`). Old events are silently
 //! overwritten; a reader that asks for one gets [`SlotRead::Overwritten`],
 //! never torn or stale bytes (invariant 4). Appends and reads take no lock;
 //! readers never block or slow down writers (invariant 5).
@@ -113,7 +113,7 @@
 //!
 //! - `head` and `arena_claim` share one `CachePadded` line: every append
 //!   bumps both back to back, so a second line would only add a line
-//!   transfer per contended append and 128 bytes per idle session (the design
+//!   transfer per contended append and 128 bytes per idle session (the
 //!   budget is 256).
 //! - The reader validates the header (fence + stamp re-check) *before* using
 //!   its offset and length, so a torn header can never send it copying

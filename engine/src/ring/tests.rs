@@ -48,7 +48,7 @@ fn public_types_are_send_and_sync() {
 
 #[test]
 fn idle_bookkeeping_stays_small() {
-    // Design budget: 256 bytes per idle session beyond the ring's words.
+    // The budget: 256 bytes per idle session beyond the ring's words.
     assert!(
         size_of::<SessionRing>() <= 256,
         "{}",
