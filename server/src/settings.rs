@@ -14,6 +14,7 @@
 //! admin_listen = "127.0.0.1:8081"  # admin surface (metrics, policy)
 //! admin_token = "..."              # bearer token; generated when absent
 //! policy = "policies/strict.wasm"  # relative to this file; default: embedded
+//! policy_dir = "policies/live"     # keeps pushed policies across restarts
 //!
 //! [engine]
 //! ring_slots = 1024                # events kept per session (power of two)
@@ -62,6 +63,11 @@ pub struct ServeArgs {
     /// Policy plugin to start with [default: the embedded default policy]
     #[arg(long, env = "REWIND_POLICY", value_name = "FILE.wasm")]
     pub policy: Option<PathBuf>,
+    /// Directory where policies pushed through the admin surface are kept;
+    /// at start the last one live is swapped in over --policy [default: none,
+    /// a pushed policy lasts until the server stops]
+    #[arg(long, env = "REWIND_POLICY_DIR", value_name = "DIR")]
+    pub policy_dir: Option<PathBuf>,
     /// Events kept per session, a power of two [default: 1024]
     #[arg(long, env = "REWIND_RING_SLOTS", value_name = "N")]
     pub ring_slots: Option<usize>,
@@ -91,6 +97,8 @@ pub struct FileSettings {
     pub admin_token: Option<String>,
     /// `policy`, relative to the file's directory
     pub policy: Option<PathBuf>,
+    /// `policy_dir`, relative to the file's directory
+    pub policy_dir: Option<PathBuf>,
     /// `[engine]`
     #[serde(default)]
     pub engine: EngineFileSettings,
@@ -123,6 +131,9 @@ pub struct Settings {
     pub admin_token: Option<String>,
     /// The policy plugin to start with; `None`: the embedded default.
     pub policy: Option<PathBuf>,
+    /// Where pushed policies are kept across restarts
+    /// ([`crate::policy_store`]); `None`: nowhere.
+    pub policy_dir: Option<PathBuf>,
     /// The engine's configuration (already validated).
     pub engine: Config,
 }
@@ -225,9 +236,12 @@ impl FileSettings {
             path: path.to_owned(),
             message: e.to_string(),
         })?;
-        if let (Some(policy), Some(dir)) = (&file.policy, path.parent()) {
-            if policy.is_relative() {
-                file.policy = Some(dir.join(policy));
+        if let Some(dir) = path.parent() {
+            for relative in [&mut file.policy, &mut file.policy_dir] {
+                if let Some(p) = relative.as_ref().filter(|p| p.is_relative()) {
+                    let joined = dir.join(p);
+                    *relative = Some(joined);
+                }
             }
         }
         Ok(file)
@@ -268,6 +282,7 @@ fn flag_name(id: &'static str) -> &'static str {
         "admin_listen" => "admin-listen",
         "admin_token" => "admin-token",
         "policy" => "policy",
+        "policy_dir" => "policy-dir",
         "ring_slots" => "ring-slots",
         "session_bytes" => "session-bytes",
         "global_bytes" => "global-bytes",
@@ -317,6 +332,12 @@ impl Settings {
             file.admin_token,
         );
         let (policy, _) = r.pick("policy", "REWIND_POLICY", args.policy.clone(), file.policy);
+        let (policy_dir, _) = r.pick(
+            "policy_dir",
+            "REWIND_POLICY_DIR",
+            args.policy_dir.clone(),
+            file.policy_dir,
+        );
         let e = file.engine;
         let (ring_slots, ring_origin) = r.pick(
             "ring_slots",
@@ -436,6 +457,7 @@ impl Settings {
             admin_listen,
             admin_token,
             policy,
+            policy_dir,
             engine,
         })
     }
@@ -476,6 +498,23 @@ mod tests {
             s.policy.as_deref(),
             Some(Path::new("/etc/rewind/p/strict.wasm"))
         );
+    }
+
+    #[test]
+    fn the_policy_dir_is_taken_from_the_file_relative_to_it_unless_a_flag_says_otherwise() {
+        let file = parse("policy_dir = \"state/policies\"\n").unwrap();
+        let s = Settings::resolve_with_file(&ServeArgs::default(), None, file, None).unwrap();
+        assert_eq!(
+            s.policy_dir.as_deref(),
+            Some(Path::new("/etc/rewind/state/policies"))
+        );
+        let file = parse("policy_dir = \"state/policies\"\n").unwrap();
+        let args = ServeArgs {
+            policy_dir: Some("/var/lib/rewind".into()),
+            ..ServeArgs::default()
+        };
+        let s = Settings::resolve_with_file(&args, None, file, None).unwrap();
+        assert_eq!(s.policy_dir.as_deref(), Some(Path::new("/var/lib/rewind")));
     }
 
     #[test]
