@@ -6,12 +6,12 @@
 //! - `policy_decision/native`: the same table in Rust ([`NativePolicy`]).
 //! - `policy_decision/wasm_floor`: the `empty` fixture through the same host
 //!   path: facts copy, fuel and deadline re-arm, one typed call to a
-//!   function that returns a constant. The design's target: `wasm_default`
-//!   ≤ 2× this.
+//!   function that returns a constant. The target (`docs/performance.md`):
+//!   `wasm_default` ≤ 2× this.
 //! - `whole_resume/{wasm_default,native}`: a whole `Engine::resume` for an
 //!   in-window cursor — session lookup, facts, decision, clamp — plus the
 //!   first replayed event, with the policy through the host and native.
-//!   The design's target: wasm ≤ 1.5× native.
+//!   The target (`docs/performance.md`): wasm ≤ 1.5× native.
 //! - `policy_swap/*`: publishing a generation (validated or not), and the
 //!   first decision after a swap (which instantiates on this thread).
 //!

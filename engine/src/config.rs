@@ -9,7 +9,7 @@ use crate::storage::{PoolShape, Retention, UNIT_WORDS};
 /// How much the engine may hold, and for how long.
 ///
 /// Memory is bounded by these numbers whatever the traffic (invariant 5 of
-/// `docs/design.md`): all sessions' events live in one pool of
+/// `docs/invariants.md`): all sessions' events live in one pool of
 /// `global_bytes`; each session keeps at least its newest `session_events`
 /// events or `session_bytes` bytes (and at most one segment more); a
 /// session's bookkeeping (a few hundred bytes) is bounded by the session

@@ -6,7 +6,7 @@
 //! counter.
 //!
 //! An [`EventId`] names everything a cursor must be checked against
-//! (invariant 1 in `docs/design.md`):
+//! (invariant 1 in `docs/invariants.md`):
 //!
 //! ```text
 //! 9f3a0c12b4e5d6f7-5f1e2d3c4b5a6-2-1a            format 1 (node 0)

@@ -5,7 +5,7 @@
 //! caught up with the writers; the caller then waits (`listen`, or
 //! `wait_next`) and calls again. Replaying old events and delivering new
 //! ones is the same loop over the same segments (invariant 7 in
-//! `docs/design.md`), so there is no window between "replay finished" and
+//! `docs/invariants.md`), so there is no window between "replay finished" and
 //! "live subscription registered" in which an event could be stored but
 //! sent nowhere, and no event is delivered twice.
 //!

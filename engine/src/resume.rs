@@ -82,7 +82,7 @@ pub struct Rejection {
 }
 
 impl Rejection {
-    /// The HTTP status of the design's table: 400, 409 or 404.
+    /// The HTTP status of the decision table (`docs/decision-table.md`): 400, 409 or 404.
     pub fn http_status(&self) -> u16 {
         match self.verdict {
             Verdict::BadRequest => 400,

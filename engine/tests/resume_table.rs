@@ -1,4 +1,5 @@
-//! Every row of the design's decision table, through `Engine::resume`.
+//! Every row of the decision table (`docs/decision-table.md`), through
+//! `Engine::resume`.
 
 use std::time::Duration;
 

@@ -38,7 +38,7 @@
 //! use rewind_policy_sdk::{rewind_policy, CursorFact, ResumeFacts, SessionFact, Verdict};
 //!
 //! rewind_policy! {
-//!     /// The design's table, except that a cursor from an older epoch is
+//!     /// The default table, except that a cursor from an older epoch is
 //!     /// refused instead of answered with a `reset` stream.
 //!     pub fn decide(facts: &ResumeFacts) -> Verdict {
 //!         match (facts.session_fact(), facts.cursor_fact()) {

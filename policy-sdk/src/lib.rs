@@ -268,7 +268,7 @@ impl VerdictSet {
 /// - `cursor`: a [`CursorFact`] code.
 /// - `allowed`: the [`VerdictSet`] the host will accept for these facts.
 ///   Anything else is replaced by `default_verdict`.
-/// - `default_verdict`: the [`Verdict`] code of the design's decision table
+/// - `default_verdict`: the [`Verdict`] code of the decision table
 ///   for these facts; always a member of `allowed`.
 /// - `_pad0`: zero; keeps the `u64` fields 8-aligned.
 /// - `cursor_seq`: the sequence number the cursor names, or [`UNKNOWN`].
@@ -345,7 +345,7 @@ impl ResumeFacts {
     }
 
     /// These facts with `allowed` and `default_verdict` filled in from the
-    /// design's decision table (see [`safe_set`] and [`default_verdict`]).
+    /// decision table (see [`safe_set`] and [`default_verdict`]).
     pub const fn with_safe_set(mut self) -> ResumeFacts {
         let (s, c) = (self.session_fact(), self.cursor_fact());
         self.allowed = safe_set(s, c);
@@ -354,7 +354,8 @@ impl ResumeFacts {
     }
 }
 
-/// The decision table of the design: the default verdict for the facts.
+/// The decision table: the default verdict for the facts (the table is
+/// written out in `docs/decision-table.md` of the Rewind repository).
 ///
 /// Unknown codes (`None`) get the most conservative answer for their side.
 pub const fn default_verdict(session: Option<SessionFact>, cursor: Option<CursorFact>) -> Verdict {

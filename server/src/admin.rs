@@ -12,6 +12,11 @@
 //! over [`MAX_POLICY_BYTES`] get 413; nothing about the live policy changes
 //! on any refusal. Loading and validating compile and run the candidate, so
 //! they run on the blocking pool, never on the threads serving streams.
+//!
+//! With a [`PolicyStore`] ([`AdminState::with_store`]), every module swapped
+//! in is also written to the policy directory and rollbacks are recorded
+//! there, so the server restarts with the policy that was live; a push that
+//! cannot be recorded is refused and changes nothing.
 
 use std::sync::Arc;
 
@@ -31,6 +36,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use crate::metrics::{render, state_label, ServerMetrics};
+use crate::policy_store::{valid_name, PolicyStore, PushError};
 
 /// Largest policy upload accepted (the plugins of this workspace are a few
 /// KiB; a module this large is a mistake or an attack).
@@ -43,6 +49,7 @@ pub struct AdminState {
     host: Arc<PolicyHost>,
     metrics: Arc<ServerMetrics>,
     token: Arc<str>,
+    store: Option<Arc<PolicyStore>>,
 }
 
 impl AdminState {
@@ -60,6 +67,29 @@ impl AdminState {
             host,
             metrics,
             token: token.into(),
+            store: None,
+        }
+    }
+
+    /// Also records every swap and rollback in `store` (the same host's
+    /// policy directory; see [`crate::policy_store`]).
+    pub fn with_store(mut self, store: Arc<PolicyStore>) -> AdminState {
+        self.store = Some(store);
+        self
+    }
+
+    /// Records an automatic rollback the host made since the last command,
+    /// if any. Touches the disk only when the live generation changed.
+    async fn sync_store(&self) -> Option<String> {
+        let store = self.store.clone()?;
+        let host = Arc::clone(&self.host);
+        match tokio::task::spawn_blocking(move || store.sync(&host)).await {
+            Ok(Ok(())) => None,
+            Ok(Err(e)) => {
+                tracing::warn!("{e}");
+                Some(e.to_string())
+            }
+            Err(join) => Some(format!("recording the live policy failed: {join}")),
         }
     }
 }
@@ -158,28 +188,29 @@ fn generation_json(g: &GenerationStatus) -> Value {
 }
 
 async fn policy_status(State(state): State<AdminState>) -> Response {
+    let store_error = state.sync_store().await;
     let status = state.host.status();
-    Json(json!({
+    let mut body = json!({
         "live": generation_json(&status.live),
         "generations": status.generations.iter().map(generation_json).collect::<Vec<_>>(),
         "swaps": status.swaps,
         "manual_rollbacks": status.manual_rollbacks,
         "automatic_rollbacks": status.automatic_rollbacks,
-    }))
-    .into_response()
+    });
+    if let Some(store) = &state.store {
+        body["store"] = json!({
+            "dir": store.dir().display().to_string(),
+            "live_file": store.live_file().map(|f| f.display().to_string()),
+            "error": store_error,
+        });
+    }
+    Json(body).into_response()
 }
 
 /// Query of `POST /policy`.
 #[derive(Debug, Deserialize)]
 struct SwapQuery {
     name: Option<String>,
-}
-
-fn valid_name(name: &str) -> bool {
-    (1..=64).contains(&name.len())
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
 }
 
 async fn policy_swap(
@@ -231,21 +262,50 @@ async fn policy_swap(
         );
     }
     let host = Arc::clone(&state.host);
-    let outcome = tokio::task::spawn_blocking(move || {
-        let module = host.load(&name, &wasm).map_err(SwapRefusal::Load)?;
-        host.swap(&module).map_err(SwapRefusal::Swap)
+    let store = state.store.clone();
+    let outcome = tokio::task::spawn_blocking(move || match store {
+        Some(store) => match store.push(&host, &name, &wasm) {
+            Ok(pushed) => Ok((pushed.generation, Some(pushed.path))),
+            Err(PushError::Load(e)) => Err(SwapRefusal::Load(e)),
+            Err(PushError::Swap(e)) => Err(SwapRefusal::Swap(e)),
+            Err(e) => Err(SwapRefusal::Store(e)),
+        },
+        None => {
+            let module = host.load(&name, &wasm).map_err(SwapRefusal::Load)?;
+            let generation = host.swap(&module).map_err(SwapRefusal::Swap)?;
+            Ok((generation, None))
+        }
     })
     .await;
     match outcome {
-        Ok(Ok(generation)) => {
+        Ok(Ok((generation, persisted))) => {
             let live = state.host.status().live;
-            tracing::info!(generation, policy = %live.name, "policy swapped through the admin surface");
+            tracing::info!(generation, policy = %live.name, persisted = ?persisted, "policy swapped through the admin surface");
+            let kept = match &persisted {
+                Some(path) => format!("; kept in {} for restarts", path.display()),
+                None => "; not kept across a restart (the server has no policy directory: \
+                         --policy-dir / policy_dir)"
+                    .to_owned(),
+            };
             Json(json!({
                 "generation": generation,
                 "name": live.name,
-                "message": format!("policy `{}` passed validation and is live as generation {generation}", live.name),
+                "persisted": persisted.map(|p| p.display().to_string()),
+                "message": format!("policy `{}` passed validation and is live as generation {generation}{kept}", live.name),
             }))
             .into_response()
+        }
+        Ok(Err(SwapRefusal::Store(e))) => {
+            let why = match e {
+                PushError::Store(e) => e.to_string(),
+                PushError::Name(name) => format!("`{name}` cannot name a policy file"),
+                other => format!("{other:?}"),
+            };
+            error(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "store",
+                format!("the policy could not be recorded, so it was not swapped in: {why}"),
+            )
         }
         Ok(Err(SwapRefusal::Load(e))) => {
             error(StatusCode::UNPROCESSABLE_ENTITY, "load", e.to_string())
@@ -276,6 +336,7 @@ async fn policy_swap(
 enum SwapRefusal {
     Load(rewind_engine::policy::wasm::LoadError),
     Swap(SwapError),
+    Store(PushError),
 }
 
 async fn policy_rollback(State(state): State<AdminState>) -> Response {
@@ -283,10 +344,20 @@ async fn policy_rollback(State(state): State<AdminState>) -> Response {
         Ok(generation) => {
             let name = state.host.live_name();
             tracing::info!(generation, policy = %name, "policy rolled back through the admin surface");
+            let kept = match (&state.store, state.sync_store().await) {
+                (None, _) => String::new(),
+                (Some(_), Some(e)) => format!(
+                    "; WARNING: not recorded in the policy directory ({e}), a restart would bring back what was live before"
+                ),
+                (Some(store), None) => match store.live_file() {
+                    Some(file) => format!("; recorded ({} is live for restarts)", file.display()),
+                    None => "; recorded (the start policy is live for restarts)".to_owned(),
+                },
+            };
             Json(json!({
                 "generation": generation,
                 "name": name,
-                "message": format!("rolled back; policy `{name}` is live as generation {generation}"),
+                "message": format!("rolled back; policy `{name}` is live as generation {generation}{kept}"),
             }))
             .into_response()
         }

@@ -1,6 +1,6 @@
 //! The `rewind` command line: its arguments, and the `policy` commands
-//! (`check` offline; `push`, `status`, `rollback` against a running
-//! server's admin surface).
+//! (`list`, `export`, `new` and `check` offline; `push`, `status`,
+//! `rollback` against a running server's admin surface).
 //!
 //! `rewind` with no subcommand is `rewind serve`; the serve flags are
 //! accepted at the top level too, so `rewind --listen 127.0.0.1:9000` works.
@@ -17,6 +17,9 @@ use serde_json::Value;
 
 use crate::admin::{describe_failure, describe_report};
 use crate::settings::ServeArgs;
+
+pub mod bundled;
+pub mod template;
 
 /// Where `policy push/status/rollback` find the admin surface by default.
 pub const DEFAULT_ADMIN_URL: &str = "http://127.0.0.1:8081";
@@ -48,6 +51,36 @@ pub enum Command {
 /// `rewind policy ...`
 #[derive(Debug, Subcommand)]
 pub enum PolicyCommand {
+    /// List the policy plugins built into this program (name, size, what it decides)
+    List {
+        /// Also list the hostile fixtures used to test the sandbox
+        #[arg(long)]
+        fixtures: bool,
+    },
+    /// Write a bundled plugin's .wasm to a file (see `policy list`)
+    Export {
+        /// The plugin's name, as `policy list` shows it
+        name: String,
+        /// Where to write it (`-` for standard output) [default: NAME.wasm]
+        #[arg(short, long, value_name = "FILE")]
+        output: Option<PathBuf>,
+        /// Overwrite the file if it exists
+        #[arg(long)]
+        force: bool,
+    },
+    /// Start a new policy crate from a template (build it with
+    /// `cargo build --release --target wasm32-unknown-unknown`)
+    New {
+        /// The crate's name, e.g. `my-policy`
+        name: String,
+        /// The crate's directory, which must not exist or be empty [default: ./NAME]
+        #[arg(long, value_name = "DIR")]
+        dir: Option<PathBuf>,
+        /// Depend on the rewind-policy-sdk crate in this directory [default: the
+        /// source tree this program was built from, if present; else crates.io]
+        #[arg(long, value_name = "DIR")]
+        sdk_path: Option<PathBuf>,
+    },
     /// Validate a plugin and print its verdict for every row of the decision table
     Check {
         /// The plugin
@@ -106,6 +139,34 @@ impl std::error::Error for CommandError {}
 /// Runs a `policy` subcommand, printing its result on stdout.
 pub fn run_policy(command: PolicyCommand) -> Result<(), CommandError> {
     match command {
+        PolicyCommand::List { fixtures } => {
+            print!("{}", bundled::list(fixtures));
+            Ok(())
+        }
+        PolicyCommand::Export {
+            name,
+            output,
+            force,
+        } => {
+            let target = bundled::ExportTarget::from_arg(output.as_deref(), &name);
+            let done = bundled::export(&name, &target, force)?;
+            if target == bundled::ExportTarget::Stdout {
+                eprintln!("{done}");
+            } else {
+                println!("{done}");
+            }
+            Ok(())
+        }
+        PolicyCommand::New {
+            name,
+            dir,
+            sdk_path,
+        } => {
+            let sdk = template::SdkSource::choose(sdk_path.as_deref())?;
+            let created = template::new_crate(&name, dir.as_deref(), sdk)?;
+            print!("{}", created.summary());
+            Ok(())
+        }
         PolicyCommand::Check { file } => {
             let (table, outcome) = check(&file)?;
             print!("{table}");
@@ -377,6 +438,19 @@ fn status_table(body: &Value) -> String {
             g["decisions"].to_string(),
             faults
         );
+    }
+    if let Some(store) = body.get("store").filter(|s| s.is_object()) {
+        let live = store["live_file"]
+            .as_str()
+            .map_or_else(|| "the start policy".to_owned(), str::to_owned);
+        let _ = writeln!(
+            out,
+            "\npolicy dir: {} (after a restart: {live})",
+            store["dir"].as_str().unwrap_or("?")
+        );
+        if let Some(e) = store["error"].as_str() {
+            let _ = writeln!(out, "WARNING: {e}");
+        }
     }
     out
 }

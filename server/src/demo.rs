@@ -1,6 +1,6 @@
 //! `rewind demo`: walks an in-process engine, with the embedded default
-//! policy running as WASM, through every row of the design's decision table
-//! and prints what it did.
+//! policy running as WASM, through every row of the decision table
+//! (`docs/decision-table.md`) and prints what it did.
 
 use std::sync::Arc;
 

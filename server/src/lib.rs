@@ -40,5 +40,6 @@ pub mod admin;
 pub mod cli;
 pub mod mcp;
 pub mod metrics;
+pub mod policy_store;
 pub mod settings;
 pub mod tools;

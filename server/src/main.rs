@@ -21,6 +21,7 @@ use rewind_server::admin::{self, AdminState};
 use rewind_server::cli::{self, Cli, Command};
 use rewind_server::mcp::{self, HostPolicy, McpOptions};
 use rewind_server::metrics::ServerMetrics;
+use rewind_server::policy_store::{PolicyStore, StoredPolicy};
 use rewind_server::settings::{ServeArgs, Settings};
 use rewind_server::tools::ReferenceServer;
 use tokio::net::TcpListener;
@@ -28,6 +29,8 @@ use tokio_util::sync::CancellationToken;
 
 /// How long open streams get to end after a shutdown signal.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+/// How often the policy directory catches up with automatic rollbacks.
+const POLICY_SYNC_INTERVAL: Duration = Duration::from_secs(5);
 
 fn main() -> ExitCode {
     let matches = Cli::command().get_matches();
@@ -73,20 +76,17 @@ fn serve(args: &ServeArgs, matches: &ArgMatches) -> Result<(), BoxError> {
                 .map_or_else(|| "policy".into(), |s| s.to_string_lossy());
             PolicyHost::with_policy(PolicyHostConfig::default(), &name, &wasm).map_err(|e| {
                 let why = match e {
-                    HostError::Validation(report) => {
-                        let mut why = admin::describe_report(&report);
-                        for failure in &report.failures {
-                            why.push_str("\n  - ");
-                            why.push_str(&admin::describe_failure(failure));
-                        }
-                        why
-                    }
+                    HostError::Validation(report) => describe_validation(&report),
                     other => other.to_string(),
                 };
                 format!("policy {}: {why}", path.display())
             })?
         }
     });
+    let store = match &settings.policy_dir {
+        None => None,
+        Some(dir) => Some(open_policy_store(dir, &host)?),
+    };
     let engine = Engine::with_policy(settings.engine.clone(), Arc::clone(&host) as _)?;
     let metrics = Arc::new(ServerMetrics::new());
     let (token, token_configured) = match &settings.admin_token {
@@ -119,12 +119,16 @@ fn serve(args: &ServeArgs, matches: &ArgMatches) -> Result<(), BoxError> {
             mcp_addr,
             shutdown.clone(),
         );
-        let admin_app = admin::router(AdminState::new(
+        let mut admin_state = AdminState::new(
             engine.clone(),
             Arc::clone(&host),
             Arc::clone(&metrics),
             token.clone(),
-        ));
+        );
+        if let Some((store, _)) = &store {
+            admin_state = admin_state.with_store(Arc::clone(store));
+        }
+        let admin_app = admin::router(admin_state);
 
         let mut out = std::io::stdout().lock();
         writeln!(out, "rewind: MCP endpoint   http://{mcp_addr}/mcp")?;
@@ -144,6 +148,13 @@ fn serve(args: &ServeArgs, matches: &ArgMatches) -> Result<(), BoxError> {
             host.live_generation(),
             demo::describe(&engine)
         )?;
+        if let Some((store, restored)) = &store {
+            let what = match restored {
+                Some(stored) => format!("restored `{}` from {}", stored.name, stored.path.display()),
+                None => "pushed policies are kept here".to_owned(),
+            };
+            writeln!(out, "rewind: policy dir     {} ({what})", store.dir().display())?;
+        }
         out.flush()?;
         drop(out);
 
@@ -158,6 +169,13 @@ fn serve(args: &ServeArgs, matches: &ArgMatches) -> Result<(), BoxError> {
                 .into_future(),
         );
         tokio::spawn(cancel_on_signal(shutdown.clone()));
+        if let Some((store, _)) = &store {
+            tokio::spawn(sync_policy_dir(
+                Arc::clone(store),
+                Arc::clone(&host),
+                shutdown.clone(),
+            ));
+        }
 
         shutdown.cancelled().await;
         tracing::info!("shutting down: ending streams");
@@ -171,9 +189,81 @@ fn serve(args: &ServeArgs, matches: &ArgMatches) -> Result<(), BoxError> {
                 SHUTDOWN_GRACE.as_secs()
             );
         }
+        if let Some((store, _)) = &store {
+            if let Err(e) = store.sync(&host) {
+                tracing::warn!("{e}");
+            }
+        }
         println!("rewind: stopped");
         Ok::<(), BoxError>(())
     })
+}
+
+fn describe_validation(report: &rewind_engine::policy::wasm::ValidationReport) -> String {
+    let mut why = admin::describe_report(report);
+    for failure in &report.failures {
+        why.push_str("\n  - ");
+        why.push_str(&admin::describe_failure(failure));
+    }
+    why
+}
+
+/// Opens the policy directory and swaps in the module it names as live
+/// (over the start policy, generation 1), so a restart comes back with
+/// the policy that was live. A stored module that no longer loads or
+/// validates stops the start: running another policy than the operator
+/// pushed, silently, would be worse.
+fn open_policy_store(
+    dir: &std::path::Path,
+    host: &PolicyHost,
+) -> Result<(Arc<PolicyStore>, Option<StoredPolicy>), BoxError> {
+    let store = PolicyStore::open(dir)?;
+    store.record_start(host.live_generation());
+    let restored = store.live_policy()?;
+    if let Some(stored) = &restored {
+        let refused = |why: String| {
+            format!(
+                "policy directory {}: the live policy {} {why}; put `start` in {} to start with the \
+                 start policy instead",
+                dir.display(),
+                stored.path.display(),
+                dir.join(rewind_server::policy_store::LIVE_FILE).display()
+            )
+        };
+        let module = host
+            .load(&stored.name, &stored.wasm)
+            .map_err(|e| refused(format!("does not load: {e}")))?;
+        let generation = host.swap(&module).map_err(|e| {
+            refused(match e {
+                rewind_engine::policy::wasm::SwapError::Validation(report) => {
+                    format!("fails validation: {}", describe_validation(&report))
+                }
+                other => format!("cannot be swapped in: {other}"),
+            })
+        })?;
+        store.record_restored(generation, stored);
+    }
+    Ok((Arc::new(store), restored))
+}
+
+/// Records automatic rollbacks in the policy directory until shutdown.
+async fn sync_policy_dir(
+    store: Arc<PolicyStore>,
+    host: Arc<PolicyHost>,
+    shutdown: CancellationToken,
+) {
+    let mut tick = tokio::time::interval(POLICY_SYNC_INTERVAL);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            () = shutdown.cancelled() => return,
+        }
+        let (store, host) = (Arc::clone(&store), Arc::clone(&host));
+        let synced = tokio::task::spawn_blocking(move || store.sync(&host)).await;
+        if let Ok(Err(e)) = synced {
+            tracing::warn!("{e}");
+        }
+    }
 }
 
 /// Binds `addr`, turning the usual failures into a sentence that says what

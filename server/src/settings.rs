@@ -14,6 +14,7 @@
 //! admin_listen = "127.0.0.1:8081"  # admin surface (metrics, policy)
 //! admin_token = "..."              # bearer token; generated when absent
 //! policy = "policies/strict.wasm"  # relative to this file; default: embedded
+//! policy_dir = "policies/live"     # keeps pushed policies across restarts
 //!
 //! [engine]
 //! session_events = 1024            # events each session keeps (at least)
@@ -66,6 +67,11 @@ pub struct ServeArgs {
     /// Policy plugin to start with [default: the embedded default policy]
     #[arg(long, env = "REWIND_POLICY", value_name = "FILE.wasm")]
     pub policy: Option<PathBuf>,
+    /// Directory where policies pushed through the admin surface are kept;
+    /// at start the last one live is swapped in over --policy [default: none,
+    /// a pushed policy lasts until the server stops]
+    #[arg(long, env = "REWIND_POLICY_DIR", value_name = "DIR")]
+    pub policy_dir: Option<PathBuf>,
     /// Events each session keeps, at least [default: 1024]
     #[arg(long, env = "REWIND_SESSION_EVENTS", value_name = "N")]
     pub session_events: Option<u64>,
@@ -107,6 +113,8 @@ pub struct FileSettings {
     pub admin_token: Option<String>,
     /// `policy`, relative to the file's directory
     pub policy: Option<PathBuf>,
+    /// `policy_dir`, relative to the file's directory
+    pub policy_dir: Option<PathBuf>,
     /// `[engine]`
     #[serde(default)]
     pub engine: EngineFileSettings,
@@ -147,6 +155,9 @@ pub struct Settings {
     pub admin_token: Option<String>,
     /// The policy plugin to start with; `None`: the embedded default.
     pub policy: Option<PathBuf>,
+    /// Where pushed policies are kept across restarts
+    /// ([`crate::policy_store`]); `None`: nowhere.
+    pub policy_dir: Option<PathBuf>,
     /// The engine's configuration (already validated).
     pub engine: Config,
 }
@@ -249,9 +260,12 @@ impl FileSettings {
             path: path.to_owned(),
             message: e.to_string(),
         })?;
-        if let (Some(policy), Some(dir)) = (&file.policy, path.parent()) {
-            if policy.is_relative() {
-                file.policy = Some(dir.join(policy));
+        if let Some(dir) = path.parent() {
+            for relative in [&mut file.policy, &mut file.policy_dir] {
+                if let Some(p) = relative.as_ref().filter(|p| p.is_relative()) {
+                    let joined = dir.join(p);
+                    *relative = Some(joined);
+                }
             }
         }
         Ok(file)
@@ -292,6 +306,7 @@ fn flag_name(id: &'static str) -> &'static str {
         "admin_listen" => "admin-listen",
         "admin_token" => "admin-token",
         "policy" => "policy",
+        "policy_dir" => "policy-dir",
         "session_events" => "session-events",
         "session_bytes" => "session-bytes",
         "global_bytes" => "global-bytes",
@@ -345,6 +360,12 @@ impl Settings {
             file.admin_token,
         );
         let (policy, _) = r.pick("policy", "REWIND_POLICY", args.policy.clone(), file.policy);
+        let (policy_dir, _) = r.pick(
+            "policy_dir",
+            "REWIND_POLICY_DIR",
+            args.policy_dir.clone(),
+            file.policy_dir,
+        );
         let e = file.engine;
         let (session_events, events_origin) = r.pick(
             "session_events",
@@ -495,6 +516,7 @@ impl Settings {
             admin_listen,
             admin_token,
             policy,
+            policy_dir,
             engine,
         })
     }
@@ -535,6 +557,23 @@ mod tests {
             s.policy.as_deref(),
             Some(Path::new("/etc/rewind/p/strict.wasm"))
         );
+    }
+
+    #[test]
+    fn the_policy_dir_is_taken_from_the_file_relative_to_it_unless_a_flag_says_otherwise() {
+        let file = parse("policy_dir = \"state/policies\"\n").unwrap();
+        let s = Settings::resolve_with_file(&ServeArgs::default(), None, file, None).unwrap();
+        assert_eq!(
+            s.policy_dir.as_deref(),
+            Some(Path::new("/etc/rewind/state/policies"))
+        );
+        let file = parse("policy_dir = \"state/policies\"\n").unwrap();
+        let args = ServeArgs {
+            policy_dir: Some("/var/lib/rewind".into()),
+            ..ServeArgs::default()
+        };
+        let s = Settings::resolve_with_file(&args, None, file, None).unwrap();
+        assert_eq!(s.policy_dir.as_deref(), Some(Path::new("/var/lib/rewind")));
     }
 
     #[test]

@@ -1,4 +1,4 @@
-//! Every row of the design's decision table over HTTP: status, SSE event
+//! Every row of the decision table (`docs/decision-table.md`) over HTTP: status, SSE event
 //! names, and no byte of another session's events in any response body.
 
 mod http_support;

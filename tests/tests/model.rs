@@ -7,7 +7,8 @@
 //! After every resume the script checks:
 //!
 //! - no delivered event belongs to another session or another epoch;
-//! - the verdict is the one the decision table gives for the model's facts;
+//! - the verdict is the one the decision table (`docs/decision-table.md`)
+//!   gives for the model's facts;
 //! - a resume delivers exactly the model's events of the cursor's stream
 //!   after the cursor, each once, in order — or the engine said "gap";
 //! - retention keeps at least the newest `SLOTS` events of a session;

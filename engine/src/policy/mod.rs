@@ -1,7 +1,7 @@
 //! Resume policies: the trait the engine asks, and the native reference.
 //!
 //! A policy sees [`ResumeFacts`] and answers a verdict code. The engine then
-//! clamps the answer to `facts.allowed` (invariant 6 of the design): a code
+//! clamps the answer to `facts.allowed` (invariant 6 in `docs/invariants.md`): a code
 //! outside the safe set, or one this ABI version does not know, is replaced by
 //! `facts.default_verdict` and counted as [`PolicyFault::OutOfSet`]. So a
 //! policy can only make decisions stricter, never looser.
@@ -80,7 +80,7 @@ pub trait Policy: Send + Sync + fmt::Debug {
     fn name(&self) -> String;
 }
 
-/// The design's decision table, in Rust: the reference every plugin is
+/// The decision table (`docs/decision-table.md`), in Rust: the reference every plugin is
 /// tested against.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct NativePolicy;

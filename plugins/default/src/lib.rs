@@ -1,4 +1,5 @@
-//! The default resume policy: the design's decision table, written out.
+//! The default resume policy: the decision table of
+//! `docs/decision-table.md`, written out.
 //!
 //! | presented session | cursor | verdict |
 //! |---|---|---|
@@ -21,7 +22,7 @@
 use rewind_policy_sdk::{rewind_policy, CursorFact, ResumeFacts, SessionFact, Verdict};
 
 rewind_policy! {
-    /// The decision table of the design.
+    /// The decision table.
     pub fn decide(facts: &ResumeFacts) -> Verdict {
         match facts.session_fact() {
             Some(SessionFact::Live) => match facts.cursor_fact() {

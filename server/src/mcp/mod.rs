@@ -4,13 +4,13 @@
 //!
 //! rmcp is used as the MCP *protocol* engine only: each MCP session runs one
 //! rmcp service (`ServiceExt::serve_with_ct`) over an in-process transport
-//! ([`transport`]). Everything HTTP — sessions, streams, event ids, priming,
+//! (`transport`). Everything HTTP — sessions, streams, event ids, priming,
 //! resumption — is done here, on the engine, because rmcp's own HTTP
 //! transport gets exactly those wrong (it resumes without checking the
 //! presented session, primes every stream with id `"0"`, replays the
 //! cursor's own event, loses results after an early close, and answers
-//! every resume failure with an empty 200; see the design's "What today's
-//! SDKs get wrong").
+//! every resume failure with an empty 200; see "What the SDKs in use today
+//! get wrong" in `docs/problem.md`).
 //!
 //! - **Sessions.** `initialize` without `Mcp-Session-Id` opens an engine
 //!   session (its id is the `Mcp-Session-Id`) and starts the service.
@@ -23,11 +23,11 @@
 //!   position, empty data, `retry`), then every event of that stream,
 //!   ending once the responses are delivered. POSTs with only
 //!   notifications or responses get 202. Outgoing messages are routed to
-//!   exactly one stream ([`session`]) and appended to the ring before any
+//!   exactly one stream (`session`) and appended to the ring before any
 //!   response sees them.
 //! - **Resumption.** Every `GET` is decided by [`Engine::resume`] with the
 //!   *presented* session id and cursor; the answer maps one to one onto the
-//!   design's decision table (200 replay, 200 with a first `reset`/`gap`
+//!   decision table of `docs/decision-table.md` (200 replay, 200 with a first `reset`/`gap`
 //!   event, 400, 404, 409). A `GET` without `Last-Event-ID` opens the
 //!   standalone stream 0. A new `GET` for a stream ends the responses
 //!   already serving it (newest connection wins), so a message is never

@@ -114,7 +114,7 @@ impl fmt::Debug for PolicyHost {
 
 impl PolicyHost {
     /// A host with the default configuration running the embedded default
-    /// policy (the design's decision table) as generation 1.
+    /// policy (the decision table of `docs/decision-table.md`) as generation 1.
     pub fn with_default_policy() -> Result<PolicyHost, HostError> {
         PolicyHost::new(PolicyHostConfig::default())
     }

@@ -51,7 +51,7 @@
 //! traps at the cap); a small `max_wasm_stack` turns runaway recursion into
 //! a trap instead of a crashed host thread. None of these can make a
 //! decision looser: every fallback is the host's own default verdict, which
-//! is in the safe set by construction (invariant 6 of the design).
+//! is in the safe set by construction (invariant 6 in `docs/invariants.md`).
 //!
 //! # Example
 //!

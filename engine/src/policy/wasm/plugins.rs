@@ -1,7 +1,7 @@
 //! The plugins of this workspace, compiled to wasm by the engine's build
 //! script and embedded.
 
-/// The default policy: the design's decision table.
+/// The default policy: the decision table of `docs/decision-table.md`.
 pub const DEFAULT: &[u8] = include_bytes!(env!("REWIND_PLUGIN_DEFAULT"));
 /// The strict policy: any doubt is a rejection; no resume past
 /// `max_resume_age_ms` or with an unknown cursor age.

@@ -1,4 +1,5 @@
-//! Facts to run policies on: every row of the design's decision table, and
+//! Facts to run policies on: every row of the decision table
+//! (`docs/decision-table.md`), and
 //! an endless, seeded stream of random facts. Validation uses both; tests
 //! and benchmarks use them to compare policies on the same inputs.
 
