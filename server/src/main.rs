@@ -40,6 +40,7 @@ fn main() -> ExitCode {
         ),
         Some(Command::Policy(command)) => cli::run_policy(command).map_err(Into::into),
         Some(Command::Demo) => demo::run(),
+        Some(Command::Load(args)) => return rewind_load::main(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -176,6 +177,26 @@ fn serve(args: &ServeArgs, matches: &ArgMatches) -> Result<(), BoxError> {
     })
 }
 
+/// Pending connections the listeners queue before accepting them. Tokio's
+/// `TcpListener::bind` queues 128, which a reconnect storm of thousands of
+/// clients (after a load balancer or a restart) overflows: the SYNs beyond
+/// it are dropped and each such client waits a second for its retry. The
+/// kernel caps this at `net.core.somaxconn`.
+const LISTEN_BACKLOG: u32 = 4096;
+
+/// Binds `addr` with a backlog of [`LISTEN_BACKLOG`].
+fn listen(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    let socket = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    #[cfg(unix)]
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(LISTEN_BACKLOG)
+}
+
 /// Binds `addr`, turning the usual failures into a sentence that says what
 /// to change.
 async fn bind(
@@ -184,7 +205,7 @@ async fn bind(
     flag: &str,
     env: &str,
 ) -> Result<TcpListener, BoxError> {
-    TcpListener::bind(addr).await.map_err(|e| {
+    listen(addr).map_err(|e| {
         let hint = match e.kind() {
             std::io::ErrorKind::AddrInUse => format!(
                 "address already in use (is another server running there?); choose another \
