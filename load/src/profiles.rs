@@ -508,7 +508,8 @@ async fn storm(ctx: &Arc<RunContext>, s: &Settings, clients: Vec<Client>) -> Vec
     }
     let deadline = Instant::now() + s.duration;
     let mut rounds = Vec::new();
-    let delay = s.delays.last().copied().unwrap_or_default();
+    // The storm's resume latencies go to slot 0: its delay is the first.
+    let delay = s.delays.first().copied().unwrap_or_default();
     for r in 0.. {
         let outcome = gate.run_round(r, n, delay, bound).await;
         let stop = !outcome.all_done;

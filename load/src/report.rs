@@ -451,7 +451,20 @@ impl Report {
                 );
             }
         }
-        for (i, r) in self.storm.iter().enumerate() {
+        const STORM_ROUNDS_SHOWN: usize = 3;
+        if self.storm.len() > STORM_ROUNDS_SHOWN {
+            let worst = self
+                .storm
+                .iter()
+                .map(|r| r.completion_ms)
+                .fold(0.0, f64::max);
+            let _ = writeln!(
+                o,
+                "  storm          {} rounds; slowest completion {worst:.1} ms; the first {STORM_ROUNDS_SHOWN}:",
+                self.storm.len()
+            );
+        }
+        for (i, r) in self.storm.iter().take(STORM_ROUNDS_SHOWN).enumerate() {
             let _ = writeln!(
                 o,
                 "  storm round {}  {} sessions cut and resumed at once: all results in {:.1} ms (p50 {:.1}, p99 {:.1}), first events in {}; {} completed, {} failed{}",

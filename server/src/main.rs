@@ -14,6 +14,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
+use axum::serve::ListenerExt as _;
 use clap::{ArgMatches, CommandFactory, FromArgMatches};
 use rewind_engine::policy::wasm::{HostError, PolicyHost, PolicyHostConfig};
 use rewind_engine::Engine;
@@ -148,6 +149,12 @@ fn serve(args: &ServeArgs, matches: &ArgMatches) -> Result<(), BoxError> {
         out.flush()?;
         drop(out);
 
+        // Every SSE event is a small write: without TCP_NODELAY, Nagle holds
+        // each one back until the client's delayed ACK (up to 40 ms) for
+        // the one before.
+        let mcp_listener = mcp_listener.tap_io(|tcp| {
+            let _ = tcp.set_nodelay(true);
+        });
         let mcp_server = tokio::spawn(
             axum::serve(mcp_listener, mcp_app)
                 .with_graceful_shutdown(shutdown.clone().cancelled_owned())

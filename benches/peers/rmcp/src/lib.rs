@@ -12,7 +12,6 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::handler::server::wrapper::Parameters;
 use rmcp::model::{
     CallToolResult, ContentBlock, Implementation, ProgressNotificationParam, ServerCapabilities,
@@ -44,24 +43,14 @@ pub struct ProgressStreamArgs {
 }
 
 /// The server: one `progress_stream` tool.
-#[derive(Debug, Clone)]
-pub struct PeerServer {
-    tool_router: ToolRouter<PeerServer>,
-}
-
-impl Default for PeerServer {
-    fn default() -> PeerServer {
-        PeerServer::new()
-    }
-}
+#[derive(Debug, Clone, Default)]
+pub struct PeerServer;
 
 #[tool_router]
 impl PeerServer {
     /// A server instance (one per session).
     pub fn new() -> PeerServer {
-        PeerServer {
-            tool_router: Self::tool_router(),
-        }
+        PeerServer
     }
 
     #[tool(
@@ -132,12 +121,18 @@ pub async fn serve(
     };
     socket.set_reuseaddr(true)?;
     socket.bind(addr)?;
-    let listener = socket.listen(LISTEN_BACKLOG)?;
+    // TCP_NODELAY as every server of the comparison has it (see compare.sh).
+    let listener = axum::serve::ListenerExt::tap_io(socket.listen(LISTEN_BACKLOG)?, |tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
     let config = StreamableHttpServerConfig::default();
     let ct = config.cancellation_token.clone();
     let service = StreamableHttpService::new(|| Ok(PeerServer::new()), Arc::new(manager), config);
     let app = axum::Router::new().nest_service("/mcp", service);
-    println!("{what}: MCP endpoint http://{}/mcp", listener.local_addr()?);
+    println!(
+        "{what}: MCP endpoint http://{}/mcp",
+        axum::serve::Listener::local_addr(&listener)?
+    );
     axum::serve(listener, app)
         .with_graceful_shutdown(async move {
             let mut term =
