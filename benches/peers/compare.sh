@@ -118,17 +118,18 @@ start_server() { # PEER -> sets SERVER_PID, URL
     local peer=$1 port
     port=$(free_port)
     URL="http://127.0.0.1:$port/mcp"
+    # Each branch execs, so $! is the server's own pid (for --server-pid).
     case $peer in
     rewind)
         local admin
         admin=$(free_port)
         # shellcheck disable=SC2086 # several flags
-        "$BIN" serve --listen "127.0.0.1:$port" --admin-listen "127.0.0.1:$admin" ${REWIND_SERVE_FLAGS:-} ;;
-    rmcp-builtin) "$PEER_BIN/rmcp-builtin" "127.0.0.1:$port" ;;
-    rmcp-shared-store) "$PEER_BIN/rmcp-shared-store" "127.0.0.1:$port" ;;
-    bare-hyper) "$PEER_BIN/bare-hyper" "127.0.0.1:$port" ;;
-    ts) node "$PEERS_DIR/ts/server.mjs" "127.0.0.1:$port" ;;
-    python) (cd "$PEERS_DIR/python" && exec "$VENV/bin/python" server.py "127.0.0.1:$port") ;;
+        exec "$BIN" serve --listen "127.0.0.1:$port" --admin-listen "127.0.0.1:$admin" ${REWIND_SERVE_FLAGS:-} ;;
+    rmcp-builtin) exec "$PEER_BIN/rmcp-builtin" "127.0.0.1:$port" ;;
+    rmcp-shared-store) exec "$PEER_BIN/rmcp-shared-store" "127.0.0.1:$port" ;;
+    bare-hyper) exec "$PEER_BIN/bare-hyper" "127.0.0.1:$port" ;;
+    ts) exec node "$PEERS_DIR/ts/server.mjs" "127.0.0.1:$port" ;;
+    python) cd "$PEERS_DIR/python" && exec "$VENV/bin/python" server.py "127.0.0.1:$port" ;;
     esac >>"$OUT/$peer-server.log" 2>&1 &
     SERVER_PID=$!
     wait_port "$port" "$SERVER_PID" 60

@@ -202,7 +202,7 @@ async fn open_all(ctx: &Arc<RunContext>, s: &Settings) -> Vec<Client> {
                         "setup",
                         ErrorRecord {
                             session: i,
-                            doing: "initialize".into(),
+                            doing: "opening the session".into(),
                             error: e.0,
                         },
                     );
