@@ -121,7 +121,7 @@ for kind in ["throughput", "resume", "storm", "adversarial", "soak", "mixed"]:
                     t = r["probes"].get(k)
                     if not t:
                         return "-"
-                    a = ", ".join(("new id" if s == "0" else s) + f" ×{n}" for s, n in t["answers"].items())
+                    a = ", ".join(("no same-id re-init" if s == "0" else s) + f" ×{n}" for s, n in t["answers"].items())
                     extra = []
                     if t["signalled"]:
                         extra.append(f"{t['signalled']} signalled")

@@ -815,7 +815,7 @@ impl Client {
             match observed {
                 Observed::Progress => {
                     events += 1;
-                    if events % 64 == 0 {
+                    if events.is_multiple_of(64) {
                         Counters::add(&self.run.counters().events, 64);
                     }
                     if cut_after.is_some_and(|k| check.delivered() >= k) {

@@ -355,16 +355,11 @@ async fn probe_once(
                     ctx.record
                         .probe("stale", |t| *t.answers.entry(0).or_default() += 1);
                 }
-                Err(e) => {
-                    ctx.record.probe("stale", |t| t.errors += 1);
-                    ctx.record.error(
-                        "reinitialize",
-                        ErrorRecord {
-                            session: c.index,
-                            doing: "re-initialise under the same session id".into(),
-                            error: e.0,
-                        },
-                    );
+                // The server refused to re-initialise under the same id
+                // (most do): there is no earlier incarnation to probe.
+                Err(_) => {
+                    ctx.record
+                        .probe("stale", |t| *t.answers.entry(0).or_default() += 1);
                     return c.open().await.is_ok();
                 }
             }

@@ -485,7 +485,7 @@ impl Report {
                 .iter()
                 .map(|(s, n)| {
                     if *s == 0 {
-                        format!("{n}× new session id")
+                        format!("{n}× no re-initialisation under the same id")
                     } else {
                         format!("{n}× {s}")
                     }
