@@ -61,7 +61,7 @@ die() { echo "compare: $*" >&2; exit 1; }
 ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
 
 # --- build and install ---------------------------------------------------------
-step "build rewind (release)"
+step "rewind binary"
 if [ -n "${REWIND_BIN:-}" ]; then
     BIN=$REWIND_BIN
 else

@@ -296,7 +296,8 @@ async fn probe_loop(
         ProbeKind::Dead,
     ];
     let mut i = 0usize;
-    while Instant::now() < deadline {
+    // Every kind at least once, however short the run.
+    while Instant::now() < deadline || i < kinds.len() {
         let kind = kinds[i % kinds.len()];
         i += 1;
         if !probe_once(&mut c, ctx, s, kind, rng).await {
