@@ -46,6 +46,8 @@ pub enum Command {
     Policy(PolicyCommand),
     /// Walk an in-process engine through the decision table and print what it did
     Demo,
+    /// Load an MCP server with verifying clients and report throughput, latency and violations
+    Load(rewind_load::LoadArgs),
 }
 
 /// `rewind policy ...`

@@ -14,6 +14,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
+use axum::serve::ListenerExt as _;
 use clap::{ArgMatches, CommandFactory, FromArgMatches};
 use rewind_engine::policy::wasm::{HostError, PolicyHost, PolicyHostConfig};
 use rewind_engine::Engine;
@@ -43,6 +44,7 @@ fn main() -> ExitCode {
         ),
         Some(Command::Policy(command)) => cli::run_policy(command).map_err(Into::into),
         Some(Command::Demo) => demo::run(),
+        Some(Command::Load(args)) => return rewind_load::main(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -158,6 +160,12 @@ fn serve(args: &ServeArgs, matches: &ArgMatches) -> Result<(), BoxError> {
         out.flush()?;
         drop(out);
 
+        // Every SSE event is a small write: without TCP_NODELAY, Nagle holds
+        // each one back until the client's delayed ACK (up to 40 ms) for
+        // the one before.
+        let mcp_listener = mcp_listener.tap_io(|tcp| {
+            let _ = tcp.set_nodelay(true);
+        });
         let mcp_server = tokio::spawn(
             axum::serve(mcp_listener, mcp_app)
                 .with_graceful_shutdown(shutdown.clone().cancelled_owned())
@@ -266,6 +274,26 @@ async fn sync_policy_dir(
     }
 }
 
+/// Pending connections the listeners queue before accepting them. Tokio's
+/// `TcpListener::bind` queues 128, which a reconnect storm of thousands of
+/// clients (after a load balancer or a restart) overflows: the SYNs beyond
+/// it are dropped and each such client waits a second for its retry. The
+/// kernel caps this at `net.core.somaxconn`.
+const LISTEN_BACKLOG: u32 = 4096;
+
+/// Binds `addr` with a backlog of [`LISTEN_BACKLOG`].
+fn listen(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    let socket = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    #[cfg(unix)]
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(LISTEN_BACKLOG)
+}
+
 /// Binds `addr`, turning the usual failures into a sentence that says what
 /// to change.
 async fn bind(
@@ -274,7 +302,7 @@ async fn bind(
     flag: &str,
     env: &str,
 ) -> Result<TcpListener, BoxError> {
-    TcpListener::bind(addr).await.map_err(|e| {
+    listen(addr).map_err(|e| {
         let hint = match e.kind() {
             std::io::ErrorKind::AddrInUse => format!(
                 "address already in use (is another server running there?); choose another \

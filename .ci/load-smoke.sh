@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# `rewind load` against a real `rewind serve` on free loopback ports: every
+# profile for a few seconds with a few sessions. Fails on any violation or
+# error. Prints one PASS/FAIL line per profile and ends with `N passed, M failed`.
+#
+# Environment:
+#   REWIND_BIN=path     use this binary instead of building target/debug/rewind
+#   LOAD_SMOKE_DURATION=3s   per profile
+set -uo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+T0=$(date +%s)
+DURATION=${LOAD_SMOKE_DURATION:-3s}
+PROFILES=(throughput resume storm adversarial soak mixed idle)
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/rewind-load-smoke.XXXXXX")
+SERVER_PID=""
+PASSED=0
+FAILED=0
+
+stop_server() {
+    if [ -n "$SERVER_PID" ] && kill -0 "$SERVER_PID" 2>/dev/null; then
+        kill -TERM "$SERVER_PID" 2>/dev/null
+        for _ in $(seq 1 50); do kill -0 "$SERVER_PID" 2>/dev/null || break; sleep 0.1; done
+        kill -KILL "$SERVER_PID" 2>/dev/null
+        wait "$SERVER_PID" 2>/dev/null
+    fi
+    SERVER_PID=""
+}
+trap 'stop_server; rm -rf "$WORK"' EXIT
+trap 'exit 130' INT TERM
+
+finish() {
+    echo "load-smoke: total time $(($(date +%s) - T0)) s"
+    echo "$PASSED passed, $FAILED failed"
+    [ "$FAILED" -eq 0 ] && [ "$PASSED" -gt 0 ]
+    exit $?
+}
+
+if [ -n "${REWIND_BIN:-}" ]; then
+    BIN=$REWIND_BIN
+else
+    BIN=$ROOT/target/debug/rewind
+    if ! timeout 2400 cargo build -p rewind-server --bin rewind >"$WORK/build.log" 2>&1; then
+        echo "FAIL build: cargo build -p rewind-server --bin rewind"
+        tail -n 30 "$WORK/build.log"
+        FAILED=1
+        finish
+    fi
+fi
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'; }
+PORT=$(free_port)
+ADMIN=$(free_port)
+"$BIN" serve --listen "127.0.0.1:$PORT" --admin-listen "127.0.0.1:$ADMIN" >"$WORK/server.log" 2>&1 &
+SERVER_PID=$!
+up=""
+for _ in $(seq 1 300); do
+    kill -0 "$SERVER_PID" 2>/dev/null || break
+    if (exec 3<>"/dev/tcp/127.0.0.1/$PORT") 2>/dev/null; then up=1; break; fi
+    sleep 0.1
+done
+if [ -z "$up" ]; then
+    echo "FAIL server: rewind serve did not listen on 127.0.0.1:$PORT"
+    tail -n 30 "$WORK/server.log"
+    FAILED=1
+    finish
+fi
+
+for p in "${PROFILES[@]}"; do
+    if timeout 120 "$BIN" load --url "http://127.0.0.1:$PORT/mcp" --profile "$p" --sessions 8 \
+        --duration "$DURATION" --count 20 --server-pid "$SERVER_PID" --expect table \
+        --json "$WORK/$p.json" >"$WORK/$p.txt" 2>&1; then
+        PASSED=$((PASSED + 1))
+        echo "PASS load $p: $(grep -E '^  (events|verification) ' "$WORK/$p.txt" | tr -s ' ' | tr '\n' ';')"
+    else
+        FAILED=$((FAILED + 1))
+        echo "FAIL load $p (exit $?):"
+        sed 's/^/    | /' "$WORK/$p.txt" | head -n 60
+    fi
+    if ! kill -0 "$SERVER_PID" 2>/dev/null; then
+        FAILED=$((FAILED + 1))
+        echo "FAIL server: rewind serve died during profile $p"
+        tail -n 30 "$WORK/server.log"
+        finish
+    fi
+done
+finish

@@ -1,0 +1,224 @@
+//! The flags of `rewind load`.
+
+use std::fmt;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, ValueEnum};
+
+/// What the sessions do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Profile {
+    /// Every session loops tool calls and reads each SSE response to its end.
+    Throughput,
+    /// Like throughput, but a fraction of calls is cut mid-stream and resumed
+    /// with `Last-Event-ID` after a delay.
+    Resume,
+    /// All sessions stream, all are cut at once, and all resume at once (as
+    /// after a load balancer or process restart); repeated while time is left.
+    Storm,
+    /// Three quarters of the sessions stream and resume; the others present
+    /// foreign, stale, future and malformed cursors and check the answers.
+    Adversarial,
+    /// Sessions churn: open, stream, cut, resume, close or abandon, again.
+    Soak,
+    /// Every session mixes plain calls, cut-and-resume calls and probes.
+    Mixed,
+    /// Open the sessions, one short call each, then leave them idle and
+    /// measure the server's memory per idle session.
+    Idle,
+}
+
+impl Profile {
+    /// The name on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Profile::Throughput => "throughput",
+            Profile::Resume => "resume",
+            Profile::Storm => "storm",
+            Profile::Adversarial => "adversarial",
+            Profile::Soak => "soak",
+            Profile::Mixed => "mixed",
+            Profile::Idle => "idle",
+        }
+    }
+
+    /// Progress notifications per call unless `--count` says.
+    pub fn default_count(self) -> u32 {
+        match self {
+            Profile::Throughput => 200,
+            Profile::Resume | Profile::Adversarial | Profile::Mixed => 100,
+            Profile::Storm => 20,
+            Profile::Soak => 50,
+            Profile::Idle => 1,
+        }
+    }
+
+    /// Pause between notifications unless `--interval` says.
+    pub fn default_interval(self) -> Duration {
+        match self {
+            Profile::Soak => Duration::from_millis(1),
+            _ => Duration::ZERO,
+        }
+    }
+}
+
+impl fmt::Display for Profile {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Whether probe answers are held to Rewind's decision table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Expect {
+    /// When the server says it is Rewind (its `serverInfo.name` starts with
+    /// `rewind`).
+    Auto,
+    /// Always (a violation for every other answer).
+    Table,
+    /// Never: record the answers, flag only deliveries of foreign events.
+    Record,
+}
+
+/// `rewind load`: load an MCP Streamable HTTP server and verify every event.
+#[derive(Debug, Clone, Args)]
+pub struct LoadArgs {
+    /// MCP endpoint(s); repeat the flag or separate with commas. Requests are
+    /// spread round-robin over them.
+    #[arg(
+        long = "url",
+        value_name = "URL",
+        required = true,
+        value_delimiter = ','
+    )]
+    pub urls: Vec<String>,
+    /// Concurrent sessions
+    #[arg(long, default_value_t = 20, value_name = "N")]
+    pub sessions: u32,
+    /// How long to load (sessions stop starting calls after it)
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    pub duration: Duration,
+    /// What the sessions do
+    #[arg(long, value_enum, default_value_t = Profile::Throughput)]
+    pub profile: Profile,
+    /// Progress notifications per call [default: by profile: 200 throughput, 100 resume/adversarial/mixed, 20 storm, 50 soak]
+    #[arg(long, value_name = "N")]
+    pub count: Option<u32>,
+    /// Pause between two notifications of a call [default: 0ms; 1ms for soak]
+    #[arg(long, value_parser = humantime::parse_duration, value_name = "DURATION")]
+    pub interval: Option<Duration>,
+    /// Fraction of calls cut mid-stream and resumed (resume, adversarial, soak, mixed)
+    #[arg(long, default_value_t = 0.5, value_name = "0..1")]
+    pub resume_fraction: f64,
+    /// Pause between the cut and the resume; several (comma-separated) are
+    /// used in turn and reported apart
+    #[arg(long, value_delimiter = ',', default_value = "0ms,50ms", value_parser = humantime::parse_duration)]
+    pub resume_delay: Vec<Duration>,
+    /// Progress events a storm session reads before the cut
+    #[arg(long, default_value_t = 1, value_name = "N")]
+    pub storm_cut_after: u32,
+    /// How long a probe reads a 200 answer for events
+    #[arg(long, default_value = "200ms", value_parser = humantime::parse_duration)]
+    pub probe_window: Duration,
+    /// Hold probe answers to Rewind's decision table
+    #[arg(long, value_enum, default_value_t = Expect::Auto)]
+    pub expect: Expect,
+    /// Sessions initialising at once while the run starts
+    #[arg(long, default_value_t = 128, value_name = "N")]
+    pub open_concurrency: usize,
+    /// Write the report as JSON to this file
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
+    /// Sample this server process's CPU and memory (Linux /proc)
+    #[arg(long, value_name = "PID")]
+    pub server_pid: Option<u32>,
+    /// Allow URLs that are not loopback addresses
+    #[arg(long)]
+    pub allow_remote: bool,
+    /// TCP connect timeout
+    #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
+    pub connect_timeout: Duration,
+    /// Longest wait for response headers, and between two chunks of a body
+    #[arg(long, default_value = "15s", value_parser = humantime::parse_duration)]
+    pub timeout: Duration,
+    /// Violations printed in full (all are in the JSON, up to 1000)
+    #[arg(long, default_value_t = 10, value_name = "N")]
+    pub show_violations: usize,
+    /// Seed for the cut points and mixes [default: random]
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// No progress bar even on a terminal
+    #[arg(long)]
+    pub quiet: bool,
+}
+
+impl LoadArgs {
+    /// Arguments for `profile` against `urls`, everything else default.
+    pub fn new(urls: Vec<String>, profile: Profile) -> LoadArgs {
+        LoadArgs {
+            urls,
+            sessions: 20,
+            duration: Duration::from_secs(10),
+            profile,
+            count: None,
+            interval: None,
+            resume_fraction: 0.5,
+            resume_delay: vec![Duration::ZERO, Duration::from_millis(50)],
+            storm_cut_after: 1,
+            probe_window: Duration::from_millis(200),
+            expect: Expect::Auto,
+            open_concurrency: 128,
+            json: None,
+            server_pid: None,
+            allow_remote: false,
+            connect_timeout: Duration::from_secs(5),
+            timeout: Duration::from_secs(15),
+            show_violations: 10,
+            seed: None,
+            quiet: true,
+        }
+    }
+
+    /// Notifications per call.
+    pub fn count(&self) -> u32 {
+        self.count.unwrap_or_else(|| self.profile.default_count())
+    }
+
+    /// Pause between notifications.
+    pub fn interval(&self) -> Duration {
+        self.interval
+            .unwrap_or_else(|| self.profile.default_interval())
+    }
+
+    /// Checks the values clap cannot, naming the flag.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.sessions == 0 {
+            return Err("--sessions must be at least 1".into());
+        }
+        if !(1..=100_000).contains(&self.count()) {
+            return Err("--count must be between 1 and 100000 (the tool's limit)".into());
+        }
+        if self.interval() > Duration::from_secs(60) {
+            return Err("--interval must be at most 60s (the tool's limit)".into());
+        }
+        if !(0.0..=1.0).contains(&self.resume_fraction) {
+            return Err("--resume-fraction must be between 0 and 1".into());
+        }
+        if self.resume_delay.is_empty() {
+            return Err("--resume-delay needs at least one value".into());
+        }
+        if self.open_concurrency == 0 {
+            return Err("--open-concurrency must be at least 1".into());
+        }
+        if self.profile == Profile::Storm
+            && (self.storm_cut_after == 0 || self.storm_cut_after >= self.count())
+        {
+            return Err(format!(
+                "--storm-cut-after must be between 1 and --count - 1 ({}) for the storm profile",
+                self.count().saturating_sub(1)
+            ));
+        }
+        Ok(())
+    }
+}
