@@ -158,22 +158,33 @@ fn loom_wake_ups_are_never_lost() {
     use crate::sync::{fence, AtomicBool, AtomicU32, Ordering};
     loom::model(|| {
         let published = Arc::new(AtomicBool::new(false));
+        // Stands for the reader's listener registration (event-listener's
+        // list): registered before the announcement.
+        let registered = Arc::new(AtomicBool::new(false));
         let waiters = Arc::new(AtomicU32::new(0));
         let woken = Arc::new(AtomicBool::new(false));
         let writer = {
-            let (published, waiters, woken) = (published.clone(), waiters.clone(), woken.clone());
+            let (published, registered, waiters, woken) = (
+                published.clone(),
+                registered.clone(),
+                waiters.clone(),
+                woken.clone(),
+            );
             thread::spawn(move || {
                 published.store(true, Ordering::Release);
                 fence(Ordering::SeqCst);
-                if waiters.load(Ordering::Relaxed) > 0 {
+                // A notify wakes the reader only if it finds its listener.
+                if waiters.load(Ordering::Relaxed) > 0 && registered.load(Ordering::Relaxed) {
                     woken.store(true, Ordering::Release);
                 }
             })
         };
+        registered.store(true, Ordering::Relaxed);
         waiters.fetch_add(1, Ordering::Relaxed);
         fence(Ordering::SeqCst);
         let saw = published.load(Ordering::Acquire);
         writer.join().unwrap();
+        // A reader that saw nothing parks; it must be woken.
         assert!(saw || woken.load(Ordering::Acquire), "lost wake-up");
     });
 }
