@@ -173,7 +173,8 @@ fn replay_and_resume(c: &mut Criterion, scale: &Scale) {
 fn replay_store<S: ReplayStore>(c: &mut Criterion, scale: &Scale, store: S, plan: &Plan) {
     let name = S::NAME;
     let wanted = |group: &str, variant: &str| selected(&format!("{group}/{variant}/{name}"));
-    let contended = plan.contended && wanted("replay", "scattered_while_appending");
+    let contended =
+        plan.contended && (wanted("contended", "writer") || wanted("contended", "reader"));
     let resume = plan.resume
         && (wanted("resume_decision", "scattered") || wanted("resume_decision", "same_session"));
     if !(wanted("replay", "scattered") || wanted("replay", "same_session") || contended || resume) {
@@ -206,18 +207,30 @@ fn replay_store<S: ReplayStore>(c: &mut Criterion, scale: &Scale, store: S, plan
     g.bench_function(BenchmarkId::new("same_session", name), |b| {
         bodies::replay(b, &store, one, &mut same, p)
     });
+    g.finish();
     if contended {
-        let ((), rate) = bodies::with_background_appends(&store, p, || {
-            g.bench_function(BenchmarkId::new("scattered_while_appending", name), |b| {
-                bodies::replay(b, &store, &cursors, &mut scattered, p)
-            });
+        // Both sides of one shared store at once: the writer's appends while
+        // a reader replays, and the reader's replays while a writer appends.
+        let mut g = c.benchmark_group("contended");
+        g.sample_size(plan.samples);
+        g.throughput(Throughput::Elements(1));
+        g.bench_function(BenchmarkId::new("writer", name), |b| {
+            bodies::append_while_replaying(b, &store, &cursors, p)
         });
         eprintln!(
-            "{name}: background writer appended {:.2} M events/s meanwhile",
-            rate / 1e6
+            "contended/writer/{name}: the reader replayed {:.0} times/s meanwhile",
+            bodies::take_background_rate()
         );
+        g.throughput(Throughput::Elements(REPLAYED as u64));
+        g.bench_function(BenchmarkId::new("reader", name), |b| {
+            bodies::replay_while_appending(b, &store, &cursors, &mut scattered, p)
+        });
+        eprintln!(
+            "contended/reader/{name}: the writer appended {:.2} M events/s meanwhile",
+            bodies::take_background_rate() / 1e6
+        );
+        g.finish();
     }
-    g.finish();
 
     if resume {
         let mut g = c.benchmark_group("resume_decision");

@@ -260,36 +260,104 @@ pub fn memcpy_events(b: &mut Bencher<'_, WallTime>, source: &[u8], event_len: us
     });
 }
 
-/// Runs `f` while another thread appends to other sessions of `store` as
-/// fast as it can (each background session gets 256 events, then is closed
-/// and replaced, so every store stays bounded). Returns `f`'s result and the
-/// background thread's append rate (events/s).
-pub fn with_background_appends<S: ReplayStore, R>(
+/// Events a rotating writer appends to one session before closing it and
+/// opening the next, so every store stays bounded however long it runs.
+pub const ROTATE_EVERY: usize = 256;
+
+/// The other side's rate in the last contended run (events or replays per
+/// second), for the bench to print beside criterion's number.
+static BACKGROUND_RATE: AtomicU64 = AtomicU64::new(0);
+
+/// The rate of the background side in the last [`append_while_replaying`]
+/// or [`replay_while_appending`] run.
+pub fn take_background_rate() -> f64 {
+    f64::from_bits(BACKGROUND_RATE.swap(0, Ordering::Relaxed))
+}
+
+fn record_rate(count: u64, elapsed: Duration) {
+    let rate = count as f64 / elapsed.as_secs_f64().max(1e-9);
+    BACKGROUND_RATE.store(rate.to_bits(), Ordering::Relaxed);
+}
+
+/// The writer's side of a shared store: one iteration = one append, by a
+/// writer that rotates sessions every [`ROTATE_EVERY`] events, while
+/// another thread replays scattered sessions of the same store as fast as
+/// it can ([`take_background_rate`]: its replays/s).
+pub fn append_while_replaying<S: ReplayStore>(
+    b: &mut Bencher<'_, WallTime>,
     store: &S,
+    cursors: &[S::Cursor],
     payload: &[u8],
-    f: impl FnOnce() -> R,
-) -> (R, f64) {
-    let stop = AtomicBool::new(false);
-    let appended = AtomicU64::new(0);
-    thread::scope(|s| {
-        let writer = s.spawn(|| {
-            let start = Instant::now();
-            while !stop.load(Ordering::Relaxed) {
-                let mut w = store.open();
-                for _ in 0..256 {
-                    store.append(&mut w, payload);
+) {
+    b.iter_custom(|iters| {
+        let stop = AtomicBool::new(false);
+        let replays = AtomicU64::new(0);
+        thread::scope(|s| {
+            let reader = s.spawn(|| {
+                let mut walk = CursorWalk::new(cursors.len());
+                let mut buf = Vec::new();
+                let start = Instant::now();
+                while !stop.load(Ordering::Relaxed) {
+                    black_box(store.replay_after(&cursors[walk.step()], &mut buf));
+                    replays.fetch_add(1, Ordering::Relaxed);
                 }
-                store.close(w);
-                appended.fetch_add(256, Ordering::Relaxed);
+                start.elapsed()
+            });
+            let start = Instant::now();
+            let mut w = store.open();
+            for i in 0..iters as usize {
+                if i % ROTATE_EVERY == ROTATE_EVERY - 1 {
+                    store.close(std::mem::replace(&mut w, store.open()));
+                }
+                store.append(&mut w, black_box(payload));
             }
-            start.elapsed()
-        });
-        let r = f();
-        stop.store(true, Ordering::Relaxed);
-        let elapsed = writer.join().expect("background writer panicked");
-        (
-            r,
-            appended.load(Ordering::Relaxed) as f64 / elapsed.as_secs_f64(),
-        )
-    })
+            let elapsed = start.elapsed();
+            store.close(w);
+            stop.store(true, Ordering::Relaxed);
+            let read_for = reader.join().expect("reader panicked");
+            record_rate(replays.load(Ordering::Relaxed), read_for);
+            elapsed
+        })
+    });
+}
+
+/// The reader's side of a shared store: one iteration = one replay of a
+/// scattered session's newest events, while another thread appends to the
+/// same store as fast as it can, rotating sessions every [`ROTATE_EVERY`]
+/// events ([`take_background_rate`]: its events/s).
+pub fn replay_while_appending<S: ReplayStore>(
+    b: &mut Bencher<'_, WallTime>,
+    store: &S,
+    cursors: &[S::Cursor],
+    walk: &mut CursorWalk,
+    payload: &[u8],
+) {
+    let mut buf = Vec::with_capacity(payload.len());
+    b.iter_custom(|iters| {
+        let stop = AtomicBool::new(false);
+        let appended = AtomicU64::new(0);
+        thread::scope(|s| {
+            let writer = s.spawn(|| {
+                let start = Instant::now();
+                while !stop.load(Ordering::Relaxed) {
+                    let mut w = store.open();
+                    for _ in 0..ROTATE_EVERY {
+                        store.append(&mut w, payload);
+                    }
+                    store.close(w);
+                    appended.fetch_add(ROTATE_EVERY as u64, Ordering::Relaxed);
+                }
+                start.elapsed()
+            });
+            let start = Instant::now();
+            for _ in 0..iters {
+                black_box(store.replay_after(&cursors[walk.step()], &mut buf));
+            }
+            let elapsed = start.elapsed();
+            stop.store(true, Ordering::Relaxed);
+            let wrote_for = writer.join().expect("writer panicked");
+            record_rate(appended.load(Ordering::Relaxed), wrote_for);
+            elapsed
+        })
+    });
 }
