@@ -70,7 +70,10 @@ fn the_sample_loads_and_as_it_stands_is_the_defaults() {
     assert_eq!(settings.engine.session_events, defaults.session_events);
     assert_eq!(settings.engine.session_bytes, defaults.session_bytes);
     assert_eq!(settings.engine.global_bytes, defaults.global_bytes);
-    assert_eq!(settings.engine.max_segment_bytes, defaults.max_segment_bytes);
+    assert_eq!(
+        settings.engine.max_segment_bytes,
+        defaults.max_segment_bytes
+    );
     assert_eq!(settings.engine.max_event_bytes, defaults.max_event_bytes);
     assert_eq!(settings.engine.max_sessions, defaults.max_sessions);
     assert_eq!(
