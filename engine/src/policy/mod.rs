@@ -104,11 +104,13 @@ impl Policy for NativePolicy {
 /// Clamps a policy's answer to the facts' safe set.
 ///
 /// Returns the verdict to act on and the fault, if the answer was replaced.
+/// The check is [`VerdictSet::admit`], the same one the WebAssembly host
+/// applies to a plugin's answer and validation applies to a candidate's.
 #[inline]
 pub fn clamp(facts: &ResumeFacts, answer: PolicyAnswer) -> (Verdict, Option<PolicyFault>) {
-    match Verdict::from_code(answer.code) {
-        Some(v) if facts.allowed.contains(v) => (v, answer.fault),
-        _ => (
+    match facts.allowed.admit(answer.code) {
+        Some(v) => (v, answer.fault),
+        None => (
             facts.default(),
             Some(answer.fault.unwrap_or(PolicyFault::OutOfSet)),
         ),
@@ -146,6 +148,28 @@ mod tests {
             fault: None,
         };
         assert_eq!(clamp(&facts, stricter), (Verdict::BadRequest, None));
+    }
+
+    #[test]
+    fn clamp_keeps_a_host_fault_on_a_replaced_answer() {
+        let facts = ResumeFacts::new(SessionFact::Live, CursorFact::InWindow).with_safe_set();
+        let trapped = PolicyAnswer {
+            code: facts.default().code(),
+            generation: 2,
+            fault: Some(PolicyFault::Trap),
+        };
+        assert_eq!(
+            clamp(&facts, trapped),
+            (Verdict::Resume, Some(PolicyFault::Trap))
+        );
+        let junk = PolicyAnswer {
+            code: 42,
+            ..trapped
+        };
+        assert_eq!(
+            clamp(&facts, junk),
+            (Verdict::Resume, Some(PolicyFault::Trap))
+        );
     }
 
     #[test]

@@ -13,7 +13,7 @@ use std::cell::RefCell;
 use std::sync::atomic::Ordering::Acquire;
 use std::sync::{Arc, Weak};
 
-use rewind_policy_sdk::{ResumeFacts, Verdict};
+use rewind_policy_sdk::ResumeFacts;
 
 use super::host::{Generation, HostShared};
 use super::instance::PolicyInstance;
@@ -125,13 +125,11 @@ impl Slot {
             }
         };
         match instance.call(facts) {
-            Ok(code) if Verdict::from_code(code).is_some_and(|v| facts.allowed.contains(v)) => {
-                PolicyAnswer {
-                    code,
-                    generation,
-                    fault: None,
-                }
-            }
+            Ok(code) if facts.allowed.contains_code(code) => PolicyAnswer {
+                code,
+                generation,
+                fault: None,
+            },
             Ok(_) => {
                 // The instance is fine; only the answer is not allowed.
                 self.generation.counters.count(PolicyFault::OutOfSet);

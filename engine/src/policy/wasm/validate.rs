@@ -1,6 +1,8 @@
 //! Validation of a candidate before it goes live: it must answer every row
 //! of the decision table and a seeded stream of random facts without a trap,
-//! within budget, and only with verdicts in each row's safe set.
+//! within budget, and only with verdicts each row's safe set admits (the
+//! same [`VerdictSet::admit`](rewind_policy_sdk::VerdictSet::admit) check
+//! the hot path and the engine's clamp apply).
 
 use std::fmt;
 
@@ -117,11 +119,7 @@ fn name_of_code(code: u32) -> String {
 }
 
 fn allowed_names(facts: &ResumeFacts) -> String {
-    let names: Vec<String> = Verdict::ALL
-        .iter()
-        .filter(|v| facts.allowed.contains(**v))
-        .map(|v| format!("{v:?}"))
-        .collect();
+    let names: Vec<String> = facts.allowed.iter().map(|v| format!("{v:?}")).collect();
     format!("allowed: {}", names.join(", "))
 }
 
@@ -161,9 +159,7 @@ pub(crate) fn validate(
                 detail: e.to_string(),
             }),
             Ok(i) => match i.call_detailed(&facts, true) {
-                Ok(code) if Verdict::from_code(code).is_some_and(|v| facts.allowed.contains(v)) => {
-                    None
-                }
+                Ok(code) if facts.allowed.contains_code(code) => None,
                 Ok(code) => Some(ValidationFailure {
                     facts,
                     fault: PolicyFault::OutOfSet,
