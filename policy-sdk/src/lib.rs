@@ -42,6 +42,8 @@ pub mod guest;
 /// Version of the layout of [`ResumeFacts`] and of the guest exports.
 pub const ABI_VERSION: u32 = 1;
 
+/// Name of the linear-memory export the host writes facts into.
+pub const EXPORT_MEMORY: &str = "memory";
 /// Name of the export returning [`ABI_VERSION`].
 pub const EXPORT_ABI_VERSION: &str = "rewind_abi_version";
 /// Name of the export returning the address of the facts buffer.

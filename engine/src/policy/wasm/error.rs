@@ -3,7 +3,14 @@
 use std::io;
 use std::path::PathBuf;
 
-use super::validate::ValidationReport;
+use wasmtime::ExternType;
+
+use super::report::ValidationReport;
+
+/// How a [`LoadError`] describes each function export of the ABI.
+pub(crate) const NO_ARGS_TO_I32: &str = "a function `() -> i32`";
+/// How a [`LoadError`] describes the memory export.
+pub(crate) const A_LINEAR_MEMORY: &str = "a linear memory";
 
 /// Why a module was refused at load. Each variant says what is wrong with
 /// the module, so an operator can fix it without reading the host.
@@ -99,6 +106,28 @@ pub enum LoadError {
         /// What happened.
         message: String,
     },
+}
+
+impl LoadError {
+    /// The export `name` is `found` where the ABI wants `expected`.
+    pub(crate) fn wrong_signature(
+        name: &'static str,
+        expected: &'static str,
+        found: &ExternType,
+    ) -> LoadError {
+        let found = match found {
+            ExternType::Func(f) => format!("a function `{f}`"),
+            ExternType::Memory(_) => "a memory".to_owned(),
+            ExternType::Table(_) => "a table".to_owned(),
+            ExternType::Global(_) => "a global".to_owned(),
+            _ => "something else".to_owned(),
+        };
+        LoadError::WrongSignature {
+            name,
+            expected,
+            found,
+        }
+    }
 }
 
 /// Why a swap was refused. The live policy is unchanged.
