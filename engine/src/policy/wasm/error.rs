@@ -1,4 +1,12 @@
 //! What can go wrong when loading, swapping and rolling back policies.
+//!
+//! Each message is complete on its own, because the server and the CLI
+//! print an error's `Display` and nothing else: it says what is wrong and,
+//! where there is one, how to fix it, and it ends with the description of
+//! the error underneath (wasmtime's, the operating system's). That error is
+//! also kept as the [`source`](std::error::Error::source), not flattened to a
+//! string, so a caller can walk the chain or downcast it (to
+//! [`wasmtime::Trap`], say) instead of parsing text.
 
 use std::io;
 use std::path::PathBuf;
@@ -27,8 +35,8 @@ pub enum LoadError {
         source: io::Error,
     },
     /// The bytes are not a valid WebAssembly module (or do not compile).
-    #[error("not a valid WebAssembly module: {0}")]
-    Compile(String),
+    #[error("not a valid WebAssembly module: {0:#}")]
+    Compile(#[source] wasmtime::Error),
     /// The module imports something; policies must import nothing.
     #[error("the module imports `{module}::{name}`; a policy must import nothing")]
     Import {
@@ -96,15 +104,16 @@ pub enum LoadError {
         memory_bytes: usize,
     },
     /// Instantiation failed (its start function trapped, or a limit was hit).
-    #[error("instantiating the module failed: {0}")]
-    Instantiate(String),
+    #[error("instantiating the module failed: {0:#}")]
+    Instantiate(#[source] wasmtime::Error),
     /// Calling a probe export during load trapped or ran out of budget.
-    #[error("calling `{export}` while loading failed: {message}")]
+    #[error("calling `{export}` while loading failed: {source:#}")]
     Probe {
         /// The export.
         export: &'static str,
-        /// What happened.
-        message: String,
+        /// What happened: a trap, usually (see [`wasmtime::Trap`]).
+        #[source]
+        source: wasmtime::Error,
     },
 }
 
@@ -161,8 +170,8 @@ pub enum RollbackError {
 pub enum HostError {
     /// wasmtime refused the configuration, or the compilation cache could
     /// not be set up.
-    #[error("cannot configure the wasm engine: {0}")]
-    Engine(String),
+    #[error("cannot configure the wasm engine: {0:#}")]
+    Engine(#[source] wasmtime::Error),
     /// The epoch ticker thread could not be started.
     #[error("cannot start the epoch ticker thread: {0}")]
     Ticker(#[source] io::Error),

@@ -322,8 +322,8 @@ fn build_engine(config: &PolicyHostConfig) -> Result<Engine, HostError> {
     if let Some(dir) = &config.compilation_cache_dir {
         let mut cache = CacheConfig::new();
         cache.with_directory(dir);
-        let cache = Cache::new(cache).map_err(|e| HostError::Engine(format!("{e:#}")))?;
+        let cache = Cache::new(cache).map_err(HostError::Engine)?;
         wasm.cache(Some(cache));
     }
-    Engine::new(&wasm).map_err(|e| HostError::Engine(format!("{e:#}")))
+    Engine::new(&wasm).map_err(HostError::Engine)
 }

@@ -72,9 +72,8 @@ impl PolicyInstance {
         let mut store = Store::new(module.engine(), StoreState { limits });
         store.limiter(|state| &mut state.limits);
         arm(&mut store, config.fuel_per_decision, config.deadline_ticks)
-            .map_err(|e| LoadError::Instantiate(format!("{e:#}")))?;
-        let instance = Instance::new(&mut store, module, &[])
-            .map_err(|e| LoadError::Instantiate(format!("{e:#}")))?;
+            .map_err(LoadError::Instantiate)?;
+        let instance = Instance::new(&mut store, module, &[]).map_err(LoadError::Instantiate)?;
 
         let memory =
             instance
@@ -90,10 +89,7 @@ impl PolicyInstance {
         let probe = |store: &mut Store<StoreState>, func: TypedFunc<(), i32>, export| {
             arm(store, config.fuel_per_decision, config.deadline_ticks)
                 .and_then(|()| func.call(&mut *store, ()))
-                .map_err(|e| LoadError::Probe {
-                    export,
-                    message: format!("{e:#}"),
-                })
+                .map_err(|source| LoadError::Probe { export, source })
         };
         let found = probe(&mut store, abi_version, EXPORT_ABI_VERSION)?;
         if u32::try_from(found) != Ok(ABI_VERSION) {

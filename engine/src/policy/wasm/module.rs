@@ -52,8 +52,7 @@ impl PolicyModule {
         name: &str,
         bytes: &[u8],
     ) -> Result<PolicyModule, LoadError> {
-        let module =
-            Module::new(engine, bytes).map_err(|e| LoadError::Compile(format!("{e:#}")))?;
+        let module = Module::new(engine, bytes).map_err(LoadError::Compile)?;
         check_imports(&module)?;
         check_exports(&module, config)?;
         // Instantiating once runs the probes: ABI version, facts pointer.
