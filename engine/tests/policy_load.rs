@@ -2,6 +2,8 @@
 //! policy is refused before it can decide, with an error that says why.
 #![cfg(feature = "wasm")]
 
+use std::error::Error as _;
+
 use rewind_engine::policy::wasm::{plugins, HostError, LoadError, PolicyHost, PolicyHostConfig};
 use rewind_policy_sdk::ABI_VERSION;
 
@@ -12,6 +14,29 @@ fn host() -> PolicyHost {
 /// A hand-assembled module: the three `() -> i32` exports returning
 /// constants, one page of memory, and only the exports named in `exports`.
 fn tiny_module(abi: i32, facts_ptr: i32, exports: &[&str]) -> Vec<u8> {
+    let constant = |value: i32| {
+        let mut body = vec![0x41];
+        sleb(&mut body, value.into());
+        body
+    };
+    module_of(&[constant(abi), constant(facts_ptr), constant(6)], exports)
+}
+
+fn sleb(out: &mut Vec<u8>, mut v: i64) {
+    loop {
+        let byte = (v & 0x7f) as u8;
+        v >>= 7;
+        let done = (v == 0 && byte & 0x40 == 0) || (v == -1 && byte & 0x40 != 0);
+        out.push(if done { byte } else { byte | 0x80 });
+        if done {
+            return;
+        }
+    }
+}
+
+/// [`tiny_module`] with the instructions of `rewind_abi_version`,
+/// `rewind_facts_ptr` and `rewind_decide` (without the final `end`) given.
+fn module_of(bodies: &[Vec<u8>; 3], exports: &[&str]) -> Vec<u8> {
     fn section(out: &mut Vec<u8>, id: u8, body: &[u8]) {
         out.push(id);
         uleb(out, body.len() as u64);
@@ -28,21 +53,10 @@ fn tiny_module(abi: i32, facts_ptr: i32, exports: &[&str]) -> Vec<u8> {
             out.push(byte | 0x80);
         }
     }
-    fn sleb(out: &mut Vec<u8>, mut v: i64) {
-        loop {
-            let byte = (v & 0x7f) as u8;
-            v >>= 7;
-            let done = (v == 0 && byte & 0x40 == 0) || (v == -1 && byte & 0x40 != 0);
-            out.push(if done { byte } else { byte | 0x80 });
-            if done {
-                return;
-            }
-        }
-    }
     let funcs = [
-        ("rewind_abi_version", abi),
-        ("rewind_facts_ptr", facts_ptr),
-        ("rewind_decide", 6),
+        ("rewind_abi_version", &bodies[0]),
+        ("rewind_facts_ptr", &bodies[1]),
+        ("rewind_decide", &bodies[2]),
     ];
     let mut out = b"\0asm\x01\0\0\0".to_vec();
     section(&mut out, 1, &[1, 0x60, 0, 1, 0x7f]);
@@ -66,9 +80,10 @@ fn tiny_module(abi: i32, facts_ptr: i32, exports: &[&str]) -> Vec<u8> {
     }
     section(&mut out, 7, &body);
     let mut code = vec![3];
-    for (_, value) in funcs {
-        let mut f = vec![0, 0x41];
-        sleb(&mut f, value.into());
+    for (_, body) in funcs {
+        // No locals, the instructions, `end`.
+        let mut f = vec![0];
+        f.extend_from_slice(body);
         f.push(0x0b);
         uleb(&mut code, f.len() as u64);
         code.extend_from_slice(&f);
@@ -157,6 +172,47 @@ fn bytes_that_are_not_wasm_are_refused() {
         .load("truncated", &plugins::DEFAULT[..plugins::DEFAULT.len() / 2])
         .unwrap_err();
     assert!(matches!(err, LoadError::Compile(_)), "{err}");
+}
+
+#[test]
+fn a_compile_error_keeps_wasmtimes_error_as_its_source() {
+    let err = host().load("text", b"(module)").unwrap_err();
+    let source = err.source().expect("the compile error has a source");
+    // The message stays complete for callers that print only `Display`.
+    assert!(
+        err.to_string()
+            .starts_with("not a valid WebAssembly module: "),
+        "{err}"
+    );
+    assert!(err.to_string().contains(&source.to_string()), "{err}");
+}
+
+#[test]
+fn a_probe_that_traps_is_refused_with_the_trap_in_its_source_chain() {
+    const UNREACHABLE: u8 = 0x00;
+    let module = module_of(
+        &[vec![UNREACHABLE], vec![0x41, 0], vec![0x41, 6]],
+        ALL_EXPORTS,
+    );
+    let err = host().load("trapping-probe", &module).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            LoadError::Probe {
+                export: "rewind_abi_version",
+                ..
+            }
+        ),
+        "{err}"
+    );
+    let trap = std::iter::successors(err.source(), |e| (*e).source())
+        .find_map(|e| e.downcast_ref::<wasmtime::Trap>());
+    assert_eq!(
+        trap,
+        Some(&wasmtime::Trap::UnreachableCodeReached),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("unreachable"), "{err}");
 }
 
 #[test]

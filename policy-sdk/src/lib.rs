@@ -42,6 +42,8 @@ pub mod guest;
 /// Version of the layout of [`ResumeFacts`] and of the guest exports.
 pub const ABI_VERSION: u32 = 1;
 
+/// Name of the linear-memory export the host writes facts into.
+pub const EXPORT_MEMORY: &str = "memory";
 /// Name of the export returning [`ABI_VERSION`].
 pub const EXPORT_ABI_VERSION: &str = "rewind_abi_version";
 /// Name of the export returning the address of the facts buffer.
@@ -249,13 +251,43 @@ impl VerdictSet {
     }
 
     /// Whether `v` is in the set.
+    ///
+    /// This is *the* safe-set check: the host's clamp, its WebAssembly
+    /// runner and its validation of candidate policies all come here (via
+    /// [`admit`](Self::admit) for raw codes), so there is one rule for what
+    /// a policy may answer.
     pub const fn contains(self, v: Verdict) -> bool {
         self.0 & v.bit() != 0
     }
 
-    /// Whether the raw code `code` names a verdict in the set.
+    /// The verdict a policy's raw answer `code` names, if this ABI version
+    /// knows it and the set [`contains`](Self::contains) it; `None` means
+    /// the answer must be replaced by the facts' default.
+    ///
+    /// ```
+    /// use rewind_policy_sdk::{Verdict, VerdictSet};
+    /// let set = VerdictSet::REJECTIONS;
+    /// assert_eq!(set.admit(Verdict::Gone.code()), Some(Verdict::Gone));
+    /// assert_eq!(set.admit(Verdict::Resume.code()), None);
+    /// // A bit beyond the known verdicts admits nothing: the code is unknown.
+    /// assert_eq!(VerdictSet(u32::MAX).admit(7), None);
+    /// ```
+    pub const fn admit(self, code: u32) -> Option<Verdict> {
+        match Verdict::from_code(code) {
+            Some(v) if self.contains(v) => Some(v),
+            _ => None,
+        }
+    }
+
+    /// Whether the raw code `code` names a verdict in the set (see
+    /// [`admit`](Self::admit)).
     pub const fn contains_code(self, code: u32) -> bool {
-        code < 32 && self.0 & (1 << code) != 0
+        self.admit(code).is_some()
+    }
+
+    /// The verdicts in the set, in code order.
+    pub fn iter(self) -> impl Iterator<Item = Verdict> {
+        Verdict::ALL.into_iter().filter(move |v| self.contains(*v))
     }
 }
 
@@ -459,6 +491,23 @@ mod tests {
         assert_eq!(CursorFact::from_code(u32::MAX), None);
         assert!(!VerdictSet::ALL.contains_code(7));
         assert!(!VerdictSet::ALL.contains_code(u32::MAX));
+    }
+
+    #[test]
+    fn admit_agrees_with_contains_for_every_code_and_set() {
+        // Every set of the known verdicts, plus one with stray high bits.
+        let sets = (0..=VerdictSet::ALL.0)
+            .map(VerdictSet)
+            .chain([VerdictSet(u32::MAX)]);
+        for set in sets {
+            for code in (0..40).chain([u32::MAX]) {
+                let expected = Verdict::from_code(code).filter(|v| set.contains(*v));
+                assert_eq!(set.admit(code), expected, "{set:?} {code}");
+                assert_eq!(set.contains_code(code), expected.is_some());
+            }
+            let listed: u32 = set.iter().map(Verdict::bit).sum();
+            assert_eq!(listed, set.0 & VerdictSet::ALL.0, "{set:?}");
+        }
     }
 
     #[test]

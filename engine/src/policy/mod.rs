@@ -14,30 +14,54 @@ pub use rewind_policy_sdk::{CursorFact, ResumeFacts, SessionFact, Verdict, Verdi
 pub mod wasm;
 
 /// Why a policy's answer was not used as given.
+///
+/// Every per-fault counter in the crate (the engine's metrics, each policy
+/// generation's statistics) is an array indexed by [`PolicyFault::index`],
+/// so the mapping from fault to counter is written once, here.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum PolicyFault {
     /// The answer was not in the facts' safe set (or not a verdict at all).
-    OutOfSet,
+    OutOfSet = 0,
     /// The plugin trapped (including stack overflow and memory faults).
-    Trap,
+    Trap = 1,
     /// The plugin ran out of its per-call fuel budget.
-    OutOfFuel,
+    OutOfFuel = 2,
     /// The plugin hit the wall-clock (epoch) deadline.
-    Timeout,
+    Timeout = 3,
     /// The plugin could not be instantiated or called.
-    Unavailable,
+    Unavailable = 4,
 }
 
 impl PolicyFault {
-    /// Every variant, for metrics.
-    pub const ALL: [PolicyFault; 5] = [
+    /// How many kinds of fault there are: the length of a per-fault
+    /// counter array.
+    pub const COUNT: usize = 5;
+
+    /// Every variant, in [`index`](Self::index) order.
+    pub const ALL: [PolicyFault; PolicyFault::COUNT] = [
         PolicyFault::OutOfSet,
         PolicyFault::Trap,
         PolicyFault::OutOfFuel,
         PolicyFault::Timeout,
         PolicyFault::Unavailable,
     ];
+
+    /// This fault's slot in a per-fault counter array (`0..COUNT`), and
+    /// its position in [`ALL`](Self::ALL).
+    #[inline]
+    pub const fn index(self) -> usize {
+        self as usize
+    }
+
+    /// Whether the policy itself misbehaved: it trapped, ran out of a
+    /// budget or could not run. [`OutOfSet`](Self::OutOfSet) is the one
+    /// fault that is not: the policy answered, and only its answer was
+    /// replaced. Malfunctions are what count towards rolling a policy back.
+    #[inline]
+    pub const fn is_malfunction(self) -> bool {
+        !matches!(self, PolicyFault::OutOfSet)
+    }
 
     /// A short stable name, for metrics labels and logs.
     pub const fn name(self) -> &'static str {
@@ -104,11 +128,13 @@ impl Policy for NativePolicy {
 /// Clamps a policy's answer to the facts' safe set.
 ///
 /// Returns the verdict to act on and the fault, if the answer was replaced.
+/// The check is [`VerdictSet::admit`], the same one the WebAssembly host
+/// applies to a plugin's answer and validation applies to a candidate's.
 #[inline]
 pub fn clamp(facts: &ResumeFacts, answer: PolicyAnswer) -> (Verdict, Option<PolicyFault>) {
-    match Verdict::from_code(answer.code) {
-        Some(v) if facts.allowed.contains(v) => (v, answer.fault),
-        _ => (
+    match facts.allowed.admit(answer.code) {
+        Some(v) => (v, answer.fault),
+        None => (
             facts.default(),
             Some(answer.fault.unwrap_or(PolicyFault::OutOfSet)),
         ),
@@ -146,6 +172,40 @@ mod tests {
             fault: None,
         };
         assert_eq!(clamp(&facts, stricter), (Verdict::BadRequest, None));
+    }
+
+    #[test]
+    fn fault_indices_are_dense_and_follow_all() {
+        for (i, fault) in PolicyFault::ALL.into_iter().enumerate() {
+            assert_eq!(fault.index(), i, "{fault}");
+        }
+        let answered: Vec<_> = PolicyFault::ALL
+            .into_iter()
+            .filter(|f| !f.is_malfunction())
+            .collect();
+        assert_eq!(answered, [PolicyFault::OutOfSet]);
+    }
+
+    #[test]
+    fn clamp_keeps_a_host_fault_on_a_replaced_answer() {
+        let facts = ResumeFacts::new(SessionFact::Live, CursorFact::InWindow).with_safe_set();
+        let trapped = PolicyAnswer {
+            code: facts.default().code(),
+            generation: 2,
+            fault: Some(PolicyFault::Trap),
+        };
+        assert_eq!(
+            clamp(&facts, trapped),
+            (Verdict::Resume, Some(PolicyFault::Trap))
+        );
+        let junk = PolicyAnswer {
+            code: 42,
+            ..trapped
+        };
+        assert_eq!(
+            clamp(&facts, junk),
+            (Verdict::Resume, Some(PolicyFault::Trap))
+        );
     }
 
     #[test]

@@ -8,14 +8,16 @@
 //! load the live generation from the `ArcSwap` (wait-free) and switch to it,
 //! instantiating the new module once on this thread. After any fault the
 //! instance is dropped and the next decision re-instantiates.
+//!
+//! The cache sees only the [`LiveGeneration`]; what the host does about a
+//! fault (the automatic-rollback rule) it decides itself, from the answer.
 
 use std::cell::RefCell;
-use std::sync::atomic::Ordering::Acquire;
 use std::sync::{Arc, Weak};
 
-use rewind_policy_sdk::{ResumeFacts, Verdict};
+use rewind_policy_sdk::ResumeFacts;
 
-use super::host::{Generation, HostShared};
+use super::generation::{Generation, LiveGeneration};
 use super::instance::PolicyInstance;
 use crate::policy::{PolicyAnswer, PolicyFault};
 
@@ -29,7 +31,7 @@ const MAX_SLOTS: usize = 8;
 
 struct Slot {
     host_id: u64,
-    host: Weak<HostShared>,
+    host: Weak<LiveGeneration>,
     generation: Arc<Generation>,
     instance: Option<PolicyInstance>,
     pending_decisions: u64,
@@ -39,53 +41,52 @@ thread_local! {
     static SLOTS: RefCell<Vec<Slot>> = const { RefCell::new(Vec::new()) };
 }
 
-/// Decides with `shared`'s live generation on this thread's instance.
+/// Decides with `live`'s live generation on this thread's instance. A
+/// fault is counted on the generation and reported in the answer.
 #[inline]
-pub(crate) fn decide(shared: &Arc<HostShared>, facts: &ResumeFacts) -> PolicyAnswer {
+pub(crate) fn decide(live: &Arc<LiveGeneration>, facts: &ResumeFacts) -> PolicyAnswer {
     let cached = SLOTS.try_with(|slots| {
         // Not re-entrant (a policy cannot call back), but a `Policy` might be
         // asked from a destructor during another decision: go uncached then.
         let mut slots = slots.try_borrow_mut().ok()?;
-        Some(decide_cached(&mut slots, shared, facts))
+        Some(decide_cached(&mut slots, live, facts))
     });
     match cached {
         Ok(Some(answer)) => answer,
         // Thread-local storage is being torn down, or busy: a one-off slot.
-        _ => Slot::new(shared, shared.live.load_full()).decide(shared, facts),
+        _ => Slot::new(live, live.load_full()).decide(live, facts),
     }
 }
 
 #[inline]
 fn decide_cached(
     slots: &mut Vec<Slot>,
-    shared: &Arc<HostShared>,
+    live: &Arc<LiveGeneration>,
     facts: &ResumeFacts,
 ) -> PolicyAnswer {
-    let index = match slots.iter().position(|s| s.host_id == shared.id) {
+    let index = match slots.iter().position(|s| s.host_id == live.host_id) {
         Some(index) => index,
         None => {
             slots.retain(|s| s.host.strong_count() > 0);
             if slots.len() >= MAX_SLOTS {
                 slots.remove(0);
             }
-            slots.push(Slot::new(shared, shared.live.load_full()));
+            slots.push(Slot::new(live, live.load_full()));
             slots.len() - 1
         }
     };
     let slot = &mut slots[index];
-    // `Acquire` pairs with the `Release` store in `PolicyHost::publish` /
-    // `HostShared::roll_back`; the `Arc` itself comes from the `ArcSwap`.
-    if shared.live_number.load(Acquire) != slot.generation.number {
-        slot.switch_to(shared.live.load_full());
+    if live.number() != slot.generation.number {
+        slot.switch_to(live.load_full());
     }
-    slot.decide(shared, facts)
+    slot.decide(live, facts)
 }
 
 impl Slot {
-    fn new(shared: &Arc<HostShared>, generation: Arc<Generation>) -> Slot {
+    fn new(live: &Arc<LiveGeneration>, generation: Arc<Generation>) -> Slot {
         Slot {
-            host_id: shared.id,
-            host: Arc::downgrade(shared),
+            host_id: live.host_id,
+            host: Arc::downgrade(live),
             generation,
             instance: None,
             pending_decisions: 0,
@@ -106,7 +107,7 @@ impl Slot {
     }
 
     #[inline]
-    fn decide(&mut self, shared: &HostShared, facts: &ResumeFacts) -> PolicyAnswer {
+    fn decide(&mut self, live: &LiveGeneration, facts: &ResumeFacts) -> PolicyAnswer {
         self.pending_decisions += 1;
         if self.pending_decisions >= FLUSH_EVERY {
             self.flush();
@@ -114,47 +115,39 @@ impl Slot {
         let generation = self.generation.number;
         let instance = match &mut self.instance {
             Some(instance) => instance,
-            None => {
-                match PolicyInstance::new(&shared.engine, &self.generation.module, &shared.config) {
-                    Ok(instance) => {
-                        self.generation.counters.count_instantiation();
-                        self.instance.insert(instance)
-                    }
-                    Err(_) => return self.fault(shared, facts, PolicyFault::Unavailable),
+            None => match PolicyInstance::new(self.generation.module.wasm(), &live.config) {
+                Ok(instance) => {
+                    self.generation.counters.count_instantiation();
+                    self.instance.insert(instance)
                 }
-            }
+                Err(_) => return self.fault(facts, PolicyFault::Unavailable),
+            },
         };
         match instance.call(facts) {
-            Ok(code) if Verdict::from_code(code).is_some_and(|v| facts.allowed.contains(v)) => {
-                PolicyAnswer {
-                    code,
-                    generation,
-                    fault: None,
-                }
-            }
+            Ok(code) if facts.allowed.contains_code(code) => PolicyAnswer {
+                code,
+                generation,
+                fault: None,
+            },
             Ok(_) => {
                 // The instance is fine; only the answer is not allowed.
                 self.generation.counters.count(PolicyFault::OutOfSet);
                 fallback(facts, generation, PolicyFault::OutOfSet)
             }
-            Err(fault) => {
+            Err(failure) => {
                 // A trapped instance may be mid-update: never call it again.
                 self.instance = None;
-                self.fault(shared, facts, fault)
+                self.fault(facts, failure.fault)
             }
         }
     }
 
+    /// Counts `fault` with the decisions so far flushed first, so that the
+    /// host's fault-rate rule, reading the counters next, sees both.
     #[cold]
-    fn fault(
-        &mut self,
-        shared: &HostShared,
-        facts: &ResumeFacts,
-        fault: PolicyFault,
-    ) -> PolicyAnswer {
+    fn fault(&mut self, facts: &ResumeFacts, fault: PolicyFault) -> PolicyAnswer {
         self.flush();
         self.generation.counters.count(fault);
-        shared.after_fault(&self.generation);
         fallback(facts, self.generation.number, fault)
     }
 }

@@ -1,9 +1,24 @@
 //! What can go wrong when loading, swapping and rolling back policies.
+//!
+//! Each message is complete on its own, because the server and the CLI
+//! print an error's `Display` and nothing else: it says what is wrong and,
+//! where there is one, how to fix it, and it ends with the description of
+//! the error underneath (wasmtime's, the operating system's). That error is
+//! also kept as the [`source`](std::error::Error::source), not flattened to a
+//! string, so a caller can walk the chain or downcast it (to
+//! [`wasmtime::Trap`], say) instead of parsing text.
 
 use std::io;
 use std::path::PathBuf;
 
-use super::validate::ValidationReport;
+use wasmtime::ExternType;
+
+use super::report::ValidationReport;
+
+/// How a [`LoadError`] describes each function export of the ABI.
+pub(crate) const NO_ARGS_TO_I32: &str = "a function `() -> i32`";
+/// How a [`LoadError`] describes the memory export.
+pub(crate) const A_LINEAR_MEMORY: &str = "a linear memory";
 
 /// Why a module was refused at load. Each variant says what is wrong with
 /// the module, so an operator can fix it without reading the host.
@@ -20,8 +35,8 @@ pub enum LoadError {
         source: io::Error,
     },
     /// The bytes are not a valid WebAssembly module (or do not compile).
-    #[error("not a valid WebAssembly module: {0}")]
-    Compile(String),
+    #[error("not a valid WebAssembly module: {0:#}")]
+    Compile(#[source] wasmtime::Error),
     /// The module imports something; policies must import nothing.
     #[error("the module imports `{module}::{name}`; a policy must import nothing")]
     Import {
@@ -89,16 +104,39 @@ pub enum LoadError {
         memory_bytes: usize,
     },
     /// Instantiation failed (its start function trapped, or a limit was hit).
-    #[error("instantiating the module failed: {0}")]
-    Instantiate(String),
+    #[error("instantiating the module failed: {0:#}")]
+    Instantiate(#[source] wasmtime::Error),
     /// Calling a probe export during load trapped or ran out of budget.
-    #[error("calling `{export}` while loading failed: {message}")]
+    #[error("calling `{export}` while loading failed: {source:#}")]
     Probe {
         /// The export.
         export: &'static str,
-        /// What happened.
-        message: String,
+        /// What happened: a trap, usually (see [`wasmtime::Trap`]).
+        #[source]
+        source: wasmtime::Error,
     },
+}
+
+impl LoadError {
+    /// The export `name` is `found` where the ABI wants `expected`.
+    pub(crate) fn wrong_signature(
+        name: &'static str,
+        expected: &'static str,
+        found: &ExternType,
+    ) -> LoadError {
+        let found = match found {
+            ExternType::Func(f) => format!("a function `{f}`"),
+            ExternType::Memory(_) => "a memory".to_owned(),
+            ExternType::Table(_) => "a table".to_owned(),
+            ExternType::Global(_) => "a global".to_owned(),
+            _ => "something else".to_owned(),
+        };
+        LoadError::WrongSignature {
+            name,
+            expected,
+            found,
+        }
+    }
 }
 
 /// Why a swap was refused. The live policy is unchanged.
@@ -132,8 +170,8 @@ pub enum RollbackError {
 pub enum HostError {
     /// wasmtime refused the configuration, or the compilation cache could
     /// not be set up.
-    #[error("cannot configure the wasm engine: {0}")]
-    Engine(String),
+    #[error("cannot configure the wasm engine: {0:#}")]
+    Engine(#[source] wasmtime::Error),
     /// The epoch ticker thread could not be started.
     #[error("cannot start the epoch ticker thread: {0}")]
     Ticker(#[source] io::Error),

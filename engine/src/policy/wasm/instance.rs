@@ -1,16 +1,20 @@
 //! One instantiated policy in its own `Store`: what a thread keeps to decide
 //! with a single typed call.
+//!
+//! An instance is built from a compiled [`wasmtime::Module`] and the host's
+//! budgets, nothing else: it does not know which generation or host it
+//! belongs to (the callers do).
 
 use std::fmt;
 
 use rewind_policy_sdk::{
-    ResumeFacts, ABI_VERSION, EXPORT_ABI_VERSION, EXPORT_DECIDE, EXPORT_FACTS_PTR, FACTS_SIZE,
+    ResumeFacts, ABI_VERSION, EXPORT_ABI_VERSION, EXPORT_DECIDE, EXPORT_FACTS_PTR, EXPORT_MEMORY,
+    FACTS_SIZE,
 };
-use wasmtime::{Engine, Instance, Memory, Store, StoreLimits, StoreLimitsBuilder, Trap, TypedFunc};
+use wasmtime::{Instance, Memory, Module, Store, StoreLimits, StoreLimitsBuilder, Trap, TypedFunc};
 
 use super::config::PolicyHostConfig;
-use super::error::LoadError;
-use super::module::{PolicyModule, EXPORT_MEMORY};
+use super::error::{LoadError, A_LINEAR_MEMORY, NO_ARGS_TO_I32};
 use crate::policy::PolicyFault;
 
 struct StoreState {
@@ -38,18 +42,21 @@ impl fmt::Debug for PolicyInstance {
     }
 }
 
-/// A call that did not produce a code, with wasmtime's own description.
+/// A call that did not produce a code.
 #[derive(Debug)]
 pub(crate) struct CallFailure {
+    /// Which budget or fault stopped it.
     pub(crate) fault: PolicyFault,
-    pub(crate) detail: String,
+    /// wasmtime's error, when wasmtime raised one. The hot path drops it
+    /// unread (it never formats); validation reports it.
+    pub(crate) error: Option<wasmtime::Error>,
 }
 
 impl PolicyInstance {
-    /// Instantiates `policy` and runs the probes (ABI version, facts buffer).
+    /// Instantiates `module` (compiled by the host's engine) under
+    /// `config`'s budgets and runs the probes (ABI version, facts buffer).
     pub(crate) fn new(
-        engine: &Engine,
-        policy: &PolicyModule,
+        module: &Module,
         config: &PolicyHostConfig,
     ) -> Result<PolicyInstance, LoadError> {
         let limits = StoreLimitsBuilder::new()
@@ -62,19 +69,18 @@ impl PolicyInstance {
             // that asks for more than the cap is faulty, stop it now.
             .trap_on_grow_failure(true)
             .build();
-        let mut store = Store::new(engine, StoreState { limits });
+        let mut store = Store::new(module.engine(), StoreState { limits });
         store.limiter(|state| &mut state.limits);
         arm(&mut store, config.fuel_per_decision, config.deadline_ticks)
-            .map_err(|e| LoadError::Instantiate(format!("{e:#}")))?;
-        let instance = Instance::new(&mut store, policy.wasm(), &[])
-            .map_err(|e| LoadError::Instantiate(format!("{e:#}")))?;
+            .map_err(LoadError::Instantiate)?;
+        let instance = Instance::new(&mut store, module, &[]).map_err(LoadError::Instantiate)?;
 
         let memory =
             instance
                 .get_memory(&mut store, EXPORT_MEMORY)
                 .ok_or(LoadError::MissingExport {
                     name: EXPORT_MEMORY,
-                    expected: "a linear memory",
+                    expected: A_LINEAR_MEMORY,
                 })?;
         let abi_version = typed(&instance, &mut store, EXPORT_ABI_VERSION)?;
         let facts_ptr = typed(&instance, &mut store, EXPORT_FACTS_PTR)?;
@@ -83,10 +89,7 @@ impl PolicyInstance {
         let probe = |store: &mut Store<StoreState>, func: TypedFunc<(), i32>, export| {
             arm(store, config.fuel_per_decision, config.deadline_ticks)
                 .and_then(|()| func.call(&mut *store, ()))
-                .map_err(|e| LoadError::Probe {
-                    export,
-                    message: format!("{e:#}"),
-                })
+                .map_err(|source| LoadError::Probe { export, source })
         };
         let found = probe(&mut store, abi_version, EXPORT_ABI_VERSION)?;
         if u32::try_from(found) != Ok(ABI_VERSION) {
@@ -124,30 +127,15 @@ impl PolicyInstance {
     }
 
     /// Copies `facts` in and calls `rewind_decide` once, with a fresh fuel
-    /// budget and deadline. Returns the raw code.
+    /// budget and deadline. Returns the raw code, unchecked: the caller
+    /// holds it against the facts' safe set.
     #[inline]
-    pub(crate) fn call(&mut self, facts: &ResumeFacts) -> Result<u32, PolicyFault> {
-        self.call_detailed(facts, false).map_err(|f| f.fault)
-    }
-
-    /// [`call`](Self::call), keeping wasmtime's description of a failure
-    /// when `detail` is set (validation reports it; the hot path does not
-    /// format strings).
-    #[inline]
-    pub(crate) fn call_detailed(
-        &mut self,
-        facts: &ResumeFacts,
-        detail: bool,
-    ) -> Result<u32, CallFailure> {
-        let fail = |fault, e: Option<&wasmtime::Error>| CallFailure {
-            fault,
-            detail: match e {
-                Some(e) if detail => format!("{e:#}"),
-                _ => String::new(),
-            },
-        };
-        if let Err(e) = arm(&mut self.store, self.fuel, self.deadline_ticks) {
-            return Err(fail(PolicyFault::Unavailable, Some(&e)));
+    pub(crate) fn call(&mut self, facts: &ResumeFacts) -> Result<u32, CallFailure> {
+        if let Err(error) = arm(&mut self.store, self.fuel, self.deadline_ticks) {
+            return Err(CallFailure {
+                fault: PolicyFault::Unavailable,
+                error: Some(error),
+            });
         }
         let end = self.facts_offset + FACTS_SIZE;
         // Memory never shrinks, and the range was checked at instantiation;
@@ -158,11 +146,19 @@ impl PolicyInstance {
             .get_mut(self.facts_offset..end)
         {
             Some(buffer) => buffer.copy_from_slice(bytemuck::bytes_of(facts)),
-            None => return Err(fail(PolicyFault::Unavailable, None)),
+            None => {
+                return Err(CallFailure {
+                    fault: PolicyFault::Unavailable,
+                    error: None,
+                })
+            }
         }
         match self.decide.call(&mut self.store, ()) {
             Ok(code) => Ok(code as u32),
-            Err(e) => Err(fail(classify(&e), Some(&e))),
+            Err(error) => Err(CallFailure {
+                fault: classify(&error),
+                error: Some(error),
+            }),
         }
     }
 }
@@ -175,18 +171,25 @@ fn arm(store: &mut Store<StoreState>, fuel: u64, deadline_ticks: u64) -> wasmtim
     Ok(())
 }
 
+/// The export `name` as a typed `() -> i32` function. The module's exports
+/// were checked when it was loaded, so this fails only for a module that
+/// got past those checks by mistake; the error then says what the export is.
 fn typed(
     instance: &Instance,
     store: &mut Store<StoreState>,
     name: &'static str,
 ) -> Result<TypedFunc<(), i32>, LoadError> {
-    instance
-        .get_typed_func::<(), i32>(store, name)
-        .map_err(|e| LoadError::WrongSignature {
+    let export = instance
+        .get_export(&mut *store, name)
+        .ok_or(LoadError::MissingExport {
             name,
-            expected: "a function `() -> i32`",
-            found: format!("{e:#}"),
-        })
+            expected: NO_ARGS_TO_I32,
+        })?;
+    export
+        .clone()
+        .into_func()
+        .and_then(|func| func.typed::<(), i32>(&*store).ok())
+        .ok_or_else(|| LoadError::wrong_signature(name, NO_ARGS_TO_I32, &export.ty(&*store)))
 }
 
 /// Which budget or fault stopped a call.

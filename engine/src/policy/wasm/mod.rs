@@ -53,6 +53,37 @@
 //! decision looser: every fallback is the host's own default verdict, which
 //! is in the safe set by construction (invariant 6 in `docs/invariants.md`).
 //!
+//! # Files, and who may import whom
+//!
+//! Each concept has one owner, and imports only go down this list (a file
+//! uses only files above it; none imports one below, so there are no
+//! circles). Besides these, files use `crate::policy` (the trait,
+//! [`PolicyFault`](crate::policy::PolicyFault), the SDK's types), never the
+//! other way round.
+//!
+//! ```text
+//! config      budgets and switches                     (no sibling imports)
+//! vectors     the facts validation runs on             (no sibling imports)
+//! plugins     the embedded .wasm files                 (no sibling imports)
+//! ticker      the epoch thread                         (no sibling imports)
+//! stats       per-generation counters, status types    (no sibling imports)
+//! report      what validation found                    (no sibling imports)
+//! error       what can go wrong                        <- report
+//! instance    one Store + typed call                   <- config, error
+//! module      compile and check at load                <- config, error, instance
+//! validate    run a candidate on the vectors           <- config, instance, module, report, vectors
+//! generation  a published module; the live pointer     <- config, module, stats
+//! cache       per-thread instances, the hot path       <- generation, instance
+//! host        PolicyHost: load, swap, roll back        <- cache, config, error, generation,
+//!                                                         module, plugins, report, stats,
+//!                                                         ticker, validate
+//! ```
+//!
+//! An instance is built from a compiled module and the budgets only; the
+//! cache is handed only the `generation::LiveGeneration` (never the
+//! host), and reports faults in its answer, on which the host applies the
+//! automatic-rollback rule.
+//!
 //! # Example
 //!
 //! ```
@@ -73,10 +104,12 @@
 mod cache;
 mod config;
 mod error;
+mod generation;
 mod host;
 mod instance;
 mod module;
 pub mod plugins;
+mod report;
 mod stats;
 mod ticker;
 mod validate;
@@ -86,8 +119,8 @@ pub use config::{AutoRollback, PolicyHostConfig};
 pub use error::{HostError, LoadError, RollbackError, SwapError};
 pub use host::PolicyHost;
 pub use module::PolicyModule;
+pub use report::{ValidationFailure, ValidationReport};
 pub use stats::{GenerationState, GenerationStats, GenerationStatus, PolicyStatus};
-pub use validate::{ValidationFailure, ValidationReport};
 
 #[cfg(test)]
 mod tests {
@@ -102,5 +135,91 @@ mod tests {
         assert_send_sync::<ValidationReport>();
         assert_send_sync::<LoadError>();
         assert_send_sync::<SwapError>();
+    }
+
+    /// Each file's source, by the name the module doc's import table uses.
+    const FILES: [(&str, &str); 13] = [
+        ("cache", include_str!("cache.rs")),
+        ("config", include_str!("config.rs")),
+        ("error", include_str!("error.rs")),
+        ("generation", include_str!("generation.rs")),
+        ("host", include_str!("host.rs")),
+        ("instance", include_str!("instance.rs")),
+        ("module", include_str!("module.rs")),
+        ("plugins", include_str!("plugins.rs")),
+        ("report", include_str!("report.rs")),
+        ("stats", include_str!("stats.rs")),
+        ("ticker", include_str!("ticker.rs")),
+        ("validate", include_str!("validate.rs")),
+        ("vectors", include_str!("vectors.rs")),
+    ];
+
+    /// The sibling files `source` imports (`use super::name...`).
+    fn imports(source: &str) -> Vec<&str> {
+        let mut found: Vec<&str> = source
+            .lines()
+            .filter_map(|line| line.trim_start().strip_prefix("use super::"))
+            .filter_map(|rest| {
+                let end = rest.find(|c: char| !(c.is_ascii_lowercase() || c == '_'))?;
+                (end > 0).then(|| &rest[..end])
+            })
+            .collect();
+        found.sort_unstable();
+        found.dedup();
+        found
+    }
+
+    /// The import table of the module doc: (file, what it may import), in
+    /// the doc's order.
+    fn documented_order() -> Vec<(String, Vec<String>)> {
+        let doc: Vec<&str> = include_str!("mod.rs")
+            .lines()
+            .filter_map(|l| l.strip_prefix("//!"))
+            .skip_while(|l| !l.contains("who may import whom"))
+            .skip_while(|l| l.trim() != "```text")
+            .skip(1)
+            .take_while(|l| l.trim() != "```")
+            .collect();
+        let mut rows: Vec<(String, Vec<String>)> = Vec::new();
+        for line in doc {
+            let (head, deps) = match line.split_once("<-") {
+                Some((head, deps)) => (head, deps),
+                None if line.contains("(no sibling imports)") => (line, ""),
+                // A continuation of the row above.
+                None => ("", line),
+            };
+            let deps = deps
+                .split(',')
+                .map(str::trim)
+                .filter(|d| !d.is_empty())
+                .map(str::to_owned);
+            match head.split_whitespace().next() {
+                Some(name) => rows.push((name.to_owned(), deps.collect())),
+                None => rows.last_mut().expect("a row first").1.extend(deps),
+            }
+        }
+        rows
+    }
+
+    #[test]
+    fn files_import_only_files_above_them_as_the_module_doc_says() {
+        let order = documented_order();
+        let names: Vec<&str> = order.iter().map(|(n, _)| n.as_str()).collect();
+        let mut files: Vec<&str> = FILES.iter().map(|(n, _)| *n).collect();
+        files.sort_unstable();
+        let mut documented = names.clone();
+        documented.sort_unstable();
+        assert_eq!(documented, files, "every file has one row in the table");
+        for (name, source) in FILES {
+            let row = names.iter().position(|n| *n == name).expect("listed");
+            let actual = imports(source);
+            for used in &actual {
+                let at = names.iter().position(|n| n == used).expect("listed");
+                assert!(at < row, "{name} imports {used}, which is not above it");
+            }
+            let mut said: Vec<&str> = order[row].1.iter().map(String::as_str).collect();
+            said.sort_unstable();
+            assert_eq!(said, actual, "the table's imports of {name}");
+        }
     }
 }

@@ -6,17 +6,14 @@ use std::fs::File;
 use std::path::Path;
 use std::sync::Arc;
 
-use rewind_policy_sdk::{EXPORT_ABI_VERSION, EXPORT_DECIDE, EXPORT_FACTS_PTR};
+use rewind_policy_sdk::{EXPORT_ABI_VERSION, EXPORT_DECIDE, EXPORT_FACTS_PTR, EXPORT_MEMORY};
 use wasmtime::{Engine, ExternType, Module, ValType};
 
 use super::config::PolicyHostConfig;
-use super::error::LoadError;
+use super::error::{LoadError, A_LINEAR_MEMORY, NO_ARGS_TO_I32};
 use super::instance::PolicyInstance;
 
-/// Name of the memory export every policy must have.
-pub(crate) const EXPORT_MEMORY: &str = "memory";
 const WASM_PAGE: u64 = 64 * 1024;
-const NO_ARGS_TO_I32: &str = "a function `() -> i32`";
 
 /// A compiled policy module that passed the load checks: no imports, the
 /// three exports with the right types, a memory within the host's cap, the
@@ -55,17 +52,15 @@ impl PolicyModule {
         name: &str,
         bytes: &[u8],
     ) -> Result<PolicyModule, LoadError> {
-        let module =
-            Module::new(engine, bytes).map_err(|e| LoadError::Compile(format!("{e:#}")))?;
+        let module = Module::new(engine, bytes).map_err(LoadError::Compile)?;
         check_imports(&module)?;
         check_exports(&module, config)?;
-        let policy = PolicyModule {
+        // Instantiating once runs the probes: ABI version, facts pointer.
+        PolicyInstance::new(&module, config)?;
+        Ok(PolicyModule {
             name: name.into(),
             module,
-        };
-        // Instantiating once runs the probes: ABI version, facts pointer.
-        PolicyInstance::new(engine, &policy, config)?;
-        Ok(policy)
+        })
     }
 
     /// Maps the file and compiles it (see [`load`](Self::load)).
@@ -107,7 +102,7 @@ fn check_exports(module: &Module, config: &PolicyHostConfig) -> Result<(), LoadE
         None => {
             return Err(LoadError::MissingExport {
                 name: EXPORT_MEMORY,
-                expected: "a linear memory",
+                expected: A_LINEAR_MEMORY,
             });
         }
         Some(ExternType::Memory(memory)) => {
@@ -125,11 +120,11 @@ fn check_exports(module: &Module, config: &PolicyHostConfig) -> Result<(), LoadE
             }
         }
         Some(other) => {
-            return Err(LoadError::WrongSignature {
-                name: EXPORT_MEMORY,
-                expected: "a linear memory",
-                found: describe(&other),
-            });
+            return Err(LoadError::wrong_signature(
+                EXPORT_MEMORY,
+                A_LINEAR_MEMORY,
+                &other,
+            ));
         }
     }
     for name in [EXPORT_ABI_VERSION, EXPORT_FACTS_PTR, EXPORT_DECIDE] {
@@ -145,23 +140,9 @@ fn check_exports(module: &Module, config: &PolicyHostConfig) -> Result<(), LoadE
                     && func.results().len() == 1
                     && func.results().all(|r| matches!(r, ValType::I32)) => {}
             Some(other) => {
-                return Err(LoadError::WrongSignature {
-                    name,
-                    expected: NO_ARGS_TO_I32,
-                    found: describe(&other),
-                });
+                return Err(LoadError::wrong_signature(name, NO_ARGS_TO_I32, &other));
             }
         }
     }
     Ok(())
-}
-
-fn describe(ty: &ExternType) -> String {
-    match ty {
-        ExternType::Func(f) => format!("a function `{f}`"),
-        ExternType::Memory(_) => "a memory".to_owned(),
-        ExternType::Table(_) => "a table".to_owned(),
-        ExternType::Global(_) => "a global".to_owned(),
-        _ => "something else".to_owned(),
-    }
 }

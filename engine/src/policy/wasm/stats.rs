@@ -11,11 +11,8 @@ pub(crate) struct GenerationCounters {
     /// Decisions made, faulty ones included. Threads add theirs in batches
     /// (see `cache::FLUSH_EVERY`), so this lags by up to a batch per thread.
     decisions: AtomicU64,
-    out_of_set: AtomicU64,
-    traps: AtomicU64,
-    out_of_fuel: AtomicU64,
-    timeouts: AtomicU64,
-    unavailable: AtomicU64,
+    /// One per kind of fault, indexed by [`PolicyFault::index`].
+    faults: [AtomicU64; PolicyFault::COUNT],
     instantiations: AtomicU64,
 }
 
@@ -31,27 +28,20 @@ impl GenerationCounters {
     }
 
     pub(crate) fn count(&self, fault: PolicyFault) {
-        let counter = match fault {
-            PolicyFault::OutOfSet => &self.out_of_set,
-            PolicyFault::Trap => &self.traps,
-            PolicyFault::OutOfFuel => &self.out_of_fuel,
-            PolicyFault::Timeout => &self.timeouts,
-            _ => &self.unavailable,
-        };
-        counter.fetch_add(1, Relaxed);
+        self.faults[fault.index()].fetch_add(1, Relaxed);
     }
 
     pub(crate) fn snapshot(&self, generation: u64) -> GenerationStats {
-        GenerationStats {
+        let mut stats = GenerationStats {
             generation,
             decisions: self.decisions.load(Relaxed),
-            out_of_set: self.out_of_set.load(Relaxed),
-            traps: self.traps.load(Relaxed),
-            out_of_fuel: self.out_of_fuel.load(Relaxed),
-            timeouts: self.timeouts.load(Relaxed),
-            unavailable: self.unavailable.load(Relaxed),
             instantiations: self.instantiations.load(Relaxed),
+            ..GenerationStats::default()
+        };
+        for fault in PolicyFault::ALL {
+            *stats.count_mut(fault) = self.faults[fault.index()].load(Relaxed);
         }
+        stats
     }
 }
 
@@ -82,9 +72,14 @@ pub struct GenerationStats {
 
 impl GenerationStats {
     /// Faults that make a generation a rollback candidate: traps, timeouts,
-    /// out-of-fuel and unavailable. (Out-of-set answers are only clamped.)
+    /// out-of-fuel and unavailable, the [malfunctions](PolicyFault::is_malfunction).
+    /// (Out-of-set answers are only clamped.)
     pub fn faults(&self) -> u64 {
-        self.traps + self.out_of_fuel + self.timeouts + self.unavailable
+        PolicyFault::ALL
+            .into_iter()
+            .filter(|f| f.is_malfunction())
+            .map(|f| self.of(f))
+            .sum()
     }
 
     /// `faults() / decisions`, 0 before the first decision.
@@ -98,12 +93,20 @@ impl GenerationStats {
 
     /// The count of one kind of fault.
     pub fn of(&self, fault: PolicyFault) -> u64 {
+        let mut stats = *self;
+        *stats.count_mut(fault)
+    }
+
+    /// The field that counts `fault`: the one place a fault is matched to
+    /// its named field (the fields predate [`PolicyFault::index`], and the
+    /// admin surface and tests read them by name).
+    fn count_mut(&mut self, fault: PolicyFault) -> &mut u64 {
         match fault {
-            PolicyFault::OutOfSet => self.out_of_set,
-            PolicyFault::Trap => self.traps,
-            PolicyFault::OutOfFuel => self.out_of_fuel,
-            PolicyFault::Timeout => self.timeouts,
-            _ => self.unavailable,
+            PolicyFault::OutOfSet => &mut self.out_of_set,
+            PolicyFault::Trap => &mut self.traps,
+            PolicyFault::OutOfFuel => &mut self.out_of_fuel,
+            PolicyFault::Timeout => &mut self.timeouts,
+            PolicyFault::Unavailable => &mut self.unavailable,
         }
     }
 }
@@ -146,4 +149,35 @@ pub struct PolicyStatus {
     pub manual_rollbacks: u64,
     /// Rollbacks triggered by the fault-rate threshold.
     pub automatic_rollbacks: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_fault_lands_in_its_own_field() {
+        let counters = GenerationCounters::default();
+        for (times, fault) in (1..).zip(PolicyFault::ALL) {
+            for _ in 0..times {
+                counters.count(fault);
+            }
+        }
+        let stats = counters.snapshot(3);
+        assert_eq!(
+            (
+                stats.out_of_set,
+                stats.traps,
+                stats.out_of_fuel,
+                stats.timeouts,
+                stats.unavailable
+            ),
+            (1, 2, 3, 4, 5)
+        );
+        for (times, fault) in (1..).zip(PolicyFault::ALL) {
+            assert_eq!(stats.of(fault), times, "{fault}");
+        }
+        assert_eq!(stats.faults(), 2 + 3 + 4 + 5);
+        assert_eq!(stats.generation, 3);
+    }
 }
