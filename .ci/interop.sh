@@ -18,9 +18,17 @@ ROOT=$PWD
 T0=$(date +%s)
 
 CONFORMANCE="@modelcontextprotocol/conformance@0.1.13"
-SCENARIOS=(server-initialize ping tools-list tools-call-simple-text tools-call-with-logging
-    tools-call-with-progress tools-call-error logging-set-level server-sse-polling
-    server-sse-multiple-streams dns-rebinding-protection)
+# Every server scenario of the pinned suite (`npx -y $CONFORMANCE list`); the
+# run checks the suite still lists exactly these.
+SCENARIOS=(server-initialize logging-set-level ping completion-complete tools-list
+    tools-call-simple-text tools-call-image tools-call-audio tools-call-embedded-resource
+    tools-call-mixed-content tools-call-with-logging tools-call-error tools-call-with-progress
+    tools-call-sampling tools-call-elicitation json-schema-2020-12 elicitation-sep1034-defaults
+    server-sse-polling server-sse-multiple-streams elicitation-sep1330-enums resources-list
+    resources-read-text resources-read-binary resources-templates-read resources-subscribe
+    resources-unsubscribe prompts-list prompts-get-simple prompts-get-with-args
+    prompts-get-embedded-resource prompts-get-with-image dns-rebinding-protection)
+ALL_SCENARIOS=("${SCENARIOS[@]}")
 if [ -n "${INTEROP_SCENARIOS:-}" ]; then read -r -a SCENARIOS <<<"$INTEROP_SCENARIOS"; fi
 
 export NO_COLOR=1 npm_config_update_notifier=false npm_config_fund=false npm_config_audit=false
@@ -118,6 +126,12 @@ if ! timeout 300 npx -y "$CONFORMANCE" --version >"$WORK/npx.log" 2>&1; then
     fail "conformance: could not fetch/run $CONFORMANCE with npx"
     show "$WORK/npx.log" 20
 else
+    listed=$(timeout 120 npx -y "$CONFORMANCE" list 2>/dev/null | sed -n '/^Server scenarios/,/^Client scenarios/p' | sed -n 's/^  - //p' | sort)
+    if [ "$listed" = "$(printf '%s\n' "${ALL_SCENARIOS[@]}" | sort)" ]; then
+        pass "conformance: the suite lists exactly the ${#ALL_SCENARIOS[@]} server scenarios run here"
+    else
+        fail "conformance: the suite's server scenarios differ from the ${#ALL_SCENARIOS[@]} run here: $(echo "$listed" | tr '\n' ' ')"
+    fi
     for s in "${SCENARIOS[@]}"; do
         timeout 180 npx -y "$CONFORMANCE" server --url "$URL" --scenario "$s" -o "$WORK/conformance/$s" \
             >"$WORK/conformance-$s.log" 2>&1
