@@ -37,7 +37,7 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run the MCP server (Streamable HTTP at /mcp) and its admin surface
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Check a policy plugin offline, or control the policy of a running server
     #[command(subcommand)]
     Policy(PolicyCommand),

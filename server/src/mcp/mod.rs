@@ -45,6 +45,7 @@ mod http;
 mod options;
 mod session;
 mod sse;
+mod stateless;
 mod transport;
 
 use std::collections::HashMap;
@@ -59,17 +60,30 @@ use tokio_util::sync::CancellationToken;
 
 use crate::metrics::ServerMetrics;
 
-pub use options::{HostPolicy, McpOptions, PrincipalExtractor};
+pub use options::{HostPolicy, McpOptions, OriginPolicy, PrincipalExtractor};
 pub use session::{RelatedRequest, SseStream};
 
 use session::McpSession;
 use transport::SessionTransport;
 
-/// The protocol revisions whose HTTP transport this endpoint speaks.
+/// The protocol revisions whose HTTP transport this endpoint speaks with
+/// sessions (and resumption).
 pub const SUPPORTED_PROTOCOL_VERSIONS: [&str; 3] = ["2025-03-26", "2025-06-18", "2025-11-25"];
+
+/// The protocol revisions served statelessly: no session, nothing to resume
+/// ([`stateless`]).
+pub const STATELESS_PROTOCOL_VERSIONS: [&str; 1] = ["2026-07-28"];
 
 type StartService =
     dyn Fn(SessionTransport, CancellationToken) -> BoxFuture<'static, ()> + Send + Sync;
+
+type ServeStateless = dyn Fn(
+        rmcp::model::JsonRpcRequest<rmcp::model::ClientRequest>,
+        rmcp::model::InitializeRequestParams,
+        CancellationToken,
+    ) -> tokio::sync::mpsc::Receiver<rmcp::model::ServerJsonRpcMessage>
+    + Send
+    + Sync;
 
 /// An MCP endpoint whose SSE streams live in a Rewind [`Engine`].
 ///
@@ -86,6 +100,7 @@ struct Inner {
     options: McpOptions,
     sessions: RwLock<HashMap<SessionId, Arc<McpSession>>>,
     start: Box<StartService>,
+    stateless: Box<ServeStateless>,
     sweeper_started: AtomicBool,
 }
 
@@ -111,6 +126,8 @@ impl RewindMcp {
         H: ServerHandler,
         F: Fn() -> H + Send + Sync + 'static,
     {
+        let factory = Arc::new(factory);
+        let stateless = stateless::starter(Arc::clone(&factory));
         let start = move |transport: SessionTransport, ct: CancellationToken| {
             let handler = factory();
             Box::pin(async move {
@@ -129,6 +146,7 @@ impl RewindMcp {
                 options,
                 sessions: RwLock::new(HashMap::new()),
                 start: Box::new(start),
+                stateless,
                 sweeper_started: AtomicBool::new(false),
             }),
         }
@@ -143,6 +161,11 @@ impl RewindMcp {
     /// The engine the streams live in.
     pub fn engine(&self) -> &Engine {
         &self.inner.engine
+    }
+
+    /// The metrics this endpoint records into.
+    pub fn metrics(&self) -> &Arc<ServerMetrics> {
+        &self.inner.metrics
     }
 
     /// The options this endpoint runs with.
