@@ -3,7 +3,11 @@
 #   1. the official MCP conformance suite (@modelcontextprotocol/conformance,
 #      pinned; 0.1.13 is the last one that runs on Node 20), one run per scenario;
 #   2. interop with the official TypeScript SDK client (tests/interop/*.mjs):
-#      resume after a cut, tenant boundary over plain HTTP, server restart.
+#      resume after a cut, tenant boundary over plain HTTP, a sampling request
+#      cut and resumed before the client answers, server restart;
+#   3. interop with the official Python SDK client (`mcp` from PyPI, pinned,
+#      installed into a venv in the work directory): cut mid-call and resumed
+#      by the SDK itself; a stateless (2026-07-28) call.
 #
 # Prints one line per step (PASS|FAIL NAME: ...) and ends with exactly
 # `N passed, M failed`; exits non-zero on any failure. Every step is bounded.
@@ -18,6 +22,7 @@ ROOT=$PWD
 T0=$(date +%s)
 
 CONFORMANCE="@modelcontextprotocol/conformance@0.1.13"
+PYTHON_MCP="mcp==2.3.0"
 # Every server scenario of the pinned suite (`npx -y $CONFORMANCE list`); the
 # run checks the suite still lists exactly these.
 SCENARIOS=(server-initialize logging-set-level ping completion-complete tools-list
@@ -180,6 +185,24 @@ run_script() { # NAME SECONDS ARGS...
 
 run_script resume 150 --url "$URL" --count 20 --interval-ms 50 --cut-after 5
 run_script foreign-cursor 90 --url "$URL"
+run_script sampling-cut 60 --url "$URL"
+
+# --- 3. interop with the Python SDK client ---------------------------------------
+step "python venv + $PYTHON_MCP"
+PY=${PYTHON:-python3}
+if ! timeout 60 "$PY" -m venv "$WORK/venv" >"$WORK/venv.log" 2>&1; then
+    fail "python: cannot create a venv with $PY (is python3-venv installed?)"
+    show "$WORK/venv.log" 10
+elif ! timeout 300 "$WORK/venv/bin/pip" install --disable-pip-version-check -q "$PYTHON_MCP" >>"$WORK/venv.log" 2>&1; then
+    fail "python: pip install $PYTHON_MCP failed or timed out (is PyPI reachable?)"
+    show "$WORK/venv.log" 20
+else
+    step "interop: python_resume"
+    timeout 120 "$WORK/venv/bin/python" tests/interop/python_resume.py --url "$URL" --count 20 --interval-ms 50 --cut-after 5 2>&1 | tee "$WORK/python.log"
+    rc=${PIPESTATUS[0]}
+    summary=$(grep -E "^python: [0-9]+ passed, [0-9]+ failed" "$WORK/python.log" | tail -n1)
+    if [ "$rc" -eq 0 ]; then pass "python_resume ($summary)"; else fail "python_resume (${summary:-exit $rc}$([ "$rc" -eq 124 ] && echo ", timed out after 120 s"))"; fi
+fi
 
 if kill -0 "$SERVER_PID" 2>/dev/null; then
     pass "server: still running after the suite and the interop scripts"
