@@ -95,7 +95,8 @@ wait_port() { # PORT PID SECONDS
 # --- the binary ----------------------------------------------------------------
 step "build rewind (cargo build -p rewind-server --bin rewind)"
 if [ -n "${REWIND_BIN:-}" ]; then
-    BIN=$REWIND_BIN
+    # Absolute: the restart script runs it from tests/interop.
+    BIN=$(realpath "$REWIND_BIN")
     echo "using REWIND_BIN=$BIN"
 else
     BIN=$ROOT/target/debug/rewind

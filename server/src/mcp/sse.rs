@@ -47,8 +47,9 @@ pub(crate) fn signal_frame(signal: &Signal, retry: Duration) -> Bytes {
     ))
 }
 
-/// One stored event.
-pub(crate) fn event_frame(id: EventId, payload: &[u8]) -> Bytes {
+/// One stored event as SSE bytes: `id:`, then one `data:` line per line
+/// of the payload.
+pub fn event_frame(id: EventId, payload: &[u8]) -> Bytes {
     let mut out = Vec::with_capacity(payload.len() + 64);
     out.extend_from_slice(format!("id: {id}\n").as_bytes());
     // Payloads are compact JSON (no newlines); split anyway so a stray
