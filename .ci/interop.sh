@@ -3,7 +3,11 @@
 #   1. the official MCP conformance suite (@modelcontextprotocol/conformance,
 #      pinned; 0.1.13 is the last one that runs on Node 20), one run per scenario;
 #   2. interop with the official TypeScript SDK client (tests/interop/*.mjs):
-#      resume after a cut, tenant boundary over plain HTTP, server restart.
+#      resume after a cut, tenant boundary over plain HTTP, a sampling request
+#      cut and resumed before the client answers, server restart;
+#   3. interop with the official Python SDK client (`mcp` from PyPI, pinned,
+#      installed into a venv in the work directory): cut mid-call and resumed
+#      by the SDK itself; a stateless (2026-07-28) call.
 #
 # Prints one line per step (PASS|FAIL NAME: ...) and ends with exactly
 # `N passed, M failed`; exits non-zero on any failure. Every step is bounded.
@@ -18,9 +22,18 @@ ROOT=$PWD
 T0=$(date +%s)
 
 CONFORMANCE="@modelcontextprotocol/conformance@0.1.13"
-SCENARIOS=(server-initialize ping tools-list tools-call-simple-text tools-call-with-logging
-    tools-call-with-progress tools-call-error logging-set-level server-sse-polling
-    server-sse-multiple-streams dns-rebinding-protection)
+PYTHON_MCP="mcp==2.3.0"
+# Every server scenario of the pinned suite (`npx -y $CONFORMANCE list`); the
+# run checks the suite still lists exactly these.
+SCENARIOS=(server-initialize logging-set-level ping completion-complete tools-list
+    tools-call-simple-text tools-call-image tools-call-audio tools-call-embedded-resource
+    tools-call-mixed-content tools-call-with-logging tools-call-error tools-call-with-progress
+    tools-call-sampling tools-call-elicitation json-schema-2020-12 elicitation-sep1034-defaults
+    server-sse-polling server-sse-multiple-streams elicitation-sep1330-enums resources-list
+    resources-read-text resources-read-binary resources-templates-read resources-subscribe
+    resources-unsubscribe prompts-list prompts-get-simple prompts-get-with-args
+    prompts-get-embedded-resource prompts-get-with-image dns-rebinding-protection)
+ALL_SCENARIOS=("${SCENARIOS[@]}")
 if [ -n "${INTEROP_SCENARIOS:-}" ]; then read -r -a SCENARIOS <<<"$INTEROP_SCENARIOS"; fi
 
 export NO_COLOR=1 npm_config_update_notifier=false npm_config_fund=false npm_config_audit=false
@@ -82,7 +95,8 @@ wait_port() { # PORT PID SECONDS
 # --- the binary ----------------------------------------------------------------
 step "build rewind (cargo build -p rewind-server --bin rewind)"
 if [ -n "${REWIND_BIN:-}" ]; then
-    BIN=$REWIND_BIN
+    # Absolute: the restart script runs it from tests/interop.
+    BIN=$(realpath "$REWIND_BIN")
     echo "using REWIND_BIN=$BIN"
 else
     BIN=$ROOT/target/debug/rewind
@@ -118,6 +132,12 @@ if ! timeout 300 npx -y "$CONFORMANCE" --version >"$WORK/npx.log" 2>&1; then
     fail "conformance: could not fetch/run $CONFORMANCE with npx"
     show "$WORK/npx.log" 20
 else
+    listed=$(timeout 120 npx -y "$CONFORMANCE" list 2>/dev/null | sed -n '/^Server scenarios/,/^Client scenarios/p' | sed -n 's/^  - //p' | sort)
+    if [ "$listed" = "$(printf '%s\n' "${ALL_SCENARIOS[@]}" | sort)" ]; then
+        pass "conformance: the suite lists exactly the ${#ALL_SCENARIOS[@]} server scenarios run here"
+    else
+        fail "conformance: the suite's server scenarios differ from the ${#ALL_SCENARIOS[@]} run here: $(echo "$listed" | tr '\n' ' ')"
+    fi
     for s in "${SCENARIOS[@]}"; do
         timeout 180 npx -y "$CONFORMANCE" server --url "$URL" --scenario "$s" -o "$WORK/conformance/$s" \
             >"$WORK/conformance-$s.log" 2>&1
@@ -166,6 +186,24 @@ run_script() { # NAME SECONDS ARGS...
 
 run_script resume 150 --url "$URL" --count 20 --interval-ms 50 --cut-after 5
 run_script foreign-cursor 90 --url "$URL"
+run_script sampling-cut 60 --url "$URL"
+
+# --- 3. interop with the Python SDK client ---------------------------------------
+step "python venv + $PYTHON_MCP"
+PY=${PYTHON:-python3}
+if ! timeout 60 "$PY" -m venv "$WORK/venv" >"$WORK/venv.log" 2>&1; then
+    fail "python: cannot create a venv with $PY (is python3-venv installed?)"
+    show "$WORK/venv.log" 10
+elif ! timeout 300 "$WORK/venv/bin/pip" install --disable-pip-version-check -q "$PYTHON_MCP" >>"$WORK/venv.log" 2>&1; then
+    fail "python: pip install $PYTHON_MCP failed or timed out (is PyPI reachable?)"
+    show "$WORK/venv.log" 20
+else
+    step "interop: python_resume"
+    timeout 120 "$WORK/venv/bin/python" tests/interop/python_resume.py --url "$URL" --count 20 --interval-ms 50 --cut-after 5 2>&1 | tee "$WORK/python.log"
+    rc=${PIPESTATUS[0]}
+    summary=$(grep -E "^python: [0-9]+ passed, [0-9]+ failed" "$WORK/python.log" | tail -n1)
+    if [ "$rc" -eq 0 ]; then pass "python_resume ($summary)"; else fail "python_resume (${summary:-exit $rc}$([ "$rc" -eq 124 ] && echo ", timed out after 120 s"))"; fi
+fi
 
 if kill -0 "$SERVER_PID" 2>/dev/null; then
     pass "server: still running after the suite and the interop scripts"

@@ -44,10 +44,14 @@ pub(crate) enum Counter {
     VerdictBadRequest,
     VerdictConflict,
     VerdictGone,
-    // One per policy fault, in `PolicyFault::ALL` order.
+    // One per policy fault, in `PolicyFault::ALL` order, reached by
+    // `Counter::fault` (so only the first and last are named in code).
     FaultOutOfSet,
+    #[expect(dead_code, reason = "counted through `Counter::fault`")]
     FaultTrap,
+    #[expect(dead_code, reason = "counted through `Counter::fault`")]
     FaultOutOfFuel,
+    #[expect(dead_code, reason = "counted through `Counter::fault`")]
     FaultTimeout,
     FaultUnavailable,
 }
@@ -67,14 +71,10 @@ impl Counter {
         }
     }
 
-    fn fault(f: PolicyFault) -> Counter {
-        match f {
-            PolicyFault::OutOfSet => Counter::FaultOutOfSet,
-            PolicyFault::Trap => Counter::FaultTrap,
-            PolicyFault::OutOfFuel => Counter::FaultOutOfFuel,
-            PolicyFault::Timeout => Counter::FaultTimeout,
-            _ => Counter::FaultUnavailable,
-        }
+    /// The fault counters follow [`PolicyFault::index`] from
+    /// `FaultOutOfSet` on (a test holds the two orders together).
+    fn fault(f: PolicyFault) -> usize {
+        Counter::FaultOutOfSet as usize + f.index()
     }
 }
 
@@ -134,14 +134,18 @@ impl Metrics {
         let stripe = &self.stripes[my_stripe()];
         stripe[Counter::verdict(v) as usize].fetch_add(1, Ordering::Relaxed);
         if let Some(f) = fault {
-            stripe[Counter::fault(f) as usize].fetch_add(1, Ordering::Relaxed);
+            stripe[Counter::fault(f)].fetch_add(1, Ordering::Relaxed);
         }
     }
 
     fn sum(&self, c: Counter) -> u64 {
+        self.sum_at(c as usize)
+    }
+
+    fn sum_at(&self, i: usize) -> u64 {
         self.stripes
             .iter()
-            .map(|s| s[c as usize].load(Ordering::Relaxed))
+            .map(|s| s[i].load(Ordering::Relaxed))
             .sum()
     }
 
@@ -169,7 +173,9 @@ impl Metrics {
             bytes_held: pool.0.saturating_sub(pool.1),
             resumes: verdicts.iter().sum(),
             verdicts,
-            policy_faults: std::array::from_fn(|i| self.sum(Counter::fault(PolicyFault::ALL[i]))),
+            policy_faults: std::array::from_fn(|i| {
+                self.sum_at(Counter::fault(PolicyFault::ALL[i]))
+            }),
         }
     }
 }
@@ -222,10 +228,7 @@ impl MetricsSnapshot {
 
     /// Policy answers replaced because of `f`.
     pub fn fault_count(&self, f: PolicyFault) -> u64 {
-        PolicyFault::ALL
-            .iter()
-            .position(|x| *x == f)
-            .map_or(0, |i| self.policy_faults[i])
+        self.policy_faults.get(f.index()).copied().unwrap_or(0)
     }
 }
 
@@ -258,5 +261,29 @@ mod tests {
         assert_eq!(s.verdict_count(Verdict::Conflict), 4);
         assert_eq!(s.verdict_count(Verdict::Resume), 0);
         assert_eq!(s.fault_count(PolicyFault::OutOfSet), 4);
+    }
+
+    #[test]
+    fn fault_counters_are_the_last_ones_in_policy_fault_order() {
+        assert_eq!(
+            Counter::fault(PolicyFault::ALL[PolicyFault::ALL.len() - 1]),
+            Counter::FaultUnavailable as usize
+        );
+        assert_eq!(
+            COUNTERS,
+            Counter::FaultOutOfSet as usize + PolicyFault::ALL.len()
+        );
+        for (i, f) in PolicyFault::ALL.iter().enumerate() {
+            let m = Metrics::new();
+            m.verdict(Verdict::Gone, Some(*f));
+            let s = m.snapshot(0, (0, 0));
+            for (j, g) in PolicyFault::ALL.iter().enumerate() {
+                assert_eq!(
+                    s.fault_count(*g),
+                    u64::from(i == j),
+                    "{f:?} counted as {g:?}"
+                );
+            }
+        }
     }
 }

@@ -7,8 +7,10 @@
 //! | `GET /policy` | status JSON: live generation, recent generations, their counters |
 //! | `POST /policy?name=NAME` | body = the plugin's `.wasm` bytes: load, validate, swap; 200 with the new generation, 422 with the load error or validation report |
 //! | `POST /policy/rollback` | back to the previous good generation; 409 when there is none |
+//! | `GET /healthz`, `GET /livez` | 200 `ok` while the process serves (no token: for probes) |
+//! | `GET /readyz` | 200 `ready`, or 503 once shutdown has begun (no token) |
 //!
-//! Every route answers 401 without `Authorization: Bearer <token>`. Uploads
+//! Every other route answers 401 without `Authorization: Bearer <token>`. Uploads
 //! over [`MAX_POLICY_BYTES`] get 413; nothing about the live policy changes
 //! on any refusal. Loading and validating compile and run the candidate, so
 //! they run on the blocking pool, never on the threads serving streams.
@@ -35,6 +37,9 @@ use rewind_engine::Engine;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
+use subtle::ConstantTimeEq as _;
+use tokio_util::sync::CancellationToken;
+
 use crate::metrics::{render, state_label, ServerMetrics};
 use crate::policy_store::{valid_name, PolicyStore, PushError};
 
@@ -50,6 +55,7 @@ pub struct AdminState {
     metrics: Arc<ServerMetrics>,
     token: Arc<str>,
     store: Option<Arc<PolicyStore>>,
+    shutdown: Option<CancellationToken>,
 }
 
 impl AdminState {
@@ -68,6 +74,7 @@ impl AdminState {
             metrics,
             token: token.into(),
             store: None,
+            shutdown: None,
         }
     }
 
@@ -92,6 +99,12 @@ impl AdminState {
             Err(join) => Some(format!("recording the live policy failed: {join}")),
         }
     }
+
+    /// `GET /readyz` answers 503 once `shutdown` is cancelled.
+    pub fn with_shutdown(mut self, shutdown: CancellationToken) -> AdminState {
+        self.shutdown = Some(shutdown);
+        self
+    }
 }
 
 /// A fresh admin token: 32 lower-case hex characters from the OS's
@@ -103,15 +116,34 @@ pub fn generate_token() -> Result<String, std::io::Error> {
     Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
 }
 
-/// The admin routes, all behind the bearer token.
+/// The admin routes: the health probes, and everything else behind the
+/// bearer token.
 pub fn router(state: AdminState) -> Router {
-    Router::new()
+    let guarded = Router::new()
         .route("/metrics", get(metrics))
         .route("/policy", get(policy_status).post(policy_swap))
         .route("/policy/rollback", post(policy_rollback))
         .layer(DefaultBodyLimit::max(MAX_POLICY_BYTES))
-        .route_layer(middleware::from_fn_with_state(state.clone(), require_token))
+        .route_layer(middleware::from_fn_with_state(state.clone(), require_token));
+    Router::new()
+        .route("/healthz", get(live))
+        .route("/livez", get(live))
+        .route("/readyz", get(ready))
+        .merge(guarded)
         .with_state(state)
+}
+
+async fn live() -> &'static str {
+    "ok\n"
+}
+
+async fn ready(State(state): State<AdminState>) -> Response {
+    match &state.shutdown {
+        Some(s) if s.is_cancelled() => {
+            (StatusCode::SERVICE_UNAVAILABLE, "shutting down\n").into_response()
+        }
+        _ => "ready\n".into_response(),
+    }
 }
 
 async fn require_token(State(state): State<AdminState>, request: Request, next: Next) -> Response {
@@ -122,7 +154,7 @@ async fn require_token(State(state): State<AdminState>, request: Request, next: 
         .and_then(|v| v.strip_prefix("Bearer "))
         .map(str::trim);
     match presented {
-        Some(token) if constant_time_eq(token.as_bytes(), state.token.as_bytes()) => {
+        Some(token) if bool::from(token.as_bytes().ct_eq(state.token.as_bytes())) => {
             next.run(request).await
         }
         _ => {
@@ -137,15 +169,6 @@ async fn require_token(State(state): State<AdminState>, request: Request, next: 
             response
         }
     }
-}
-
-/// Compares without an early exit, so the time taken does not say how much
-/// of a guess was right.
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    if a.len() != b.len() {
-        return false;
-    }
-    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 fn error(status: StatusCode, kind: &str, message: String) -> Response {

@@ -40,7 +40,7 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run the MCP server (Streamable HTTP at /mcp) and its admin surface
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Check a policy plugin offline, or control the policy of a running server
     #[command(subcommand)]
     Policy(PolicyCommand),
@@ -184,27 +184,39 @@ pub fn run_policy(command: PolicyCommand) -> Result<(), CommandError> {
             };
             let wasm = std::fs::read(&file)
                 .map_err(|e| CommandError(format!("cannot read {}: {e}", file.display())))?;
-            let url = format!(
-                "{}/policy?name={}",
-                admin.admin.trim_end_matches('/'),
-                percent_encode(&name)
-            );
-            let body = admin_request(&admin, reqwest::Method::POST, url, wasm)?;
+            let url = format!("{}/policy", admin.admin.trim_end_matches('/'));
+            let body = admin_request(&admin, reqwest::Method::POST, url, &[("name", &name)], wasm)?;
             println!("{}", message_of(&body));
             Ok(())
         }
         PolicyCommand::Status { admin } => {
             let url = format!("{}/policy", admin.admin.trim_end_matches('/'));
-            let body = admin_request(&admin, reqwest::Method::GET, url, Vec::new())?;
+            let body = admin_request(&admin, reqwest::Method::GET, url, &[], Vec::new())?;
             print!("{}", status_table(&body));
             Ok(())
         }
         PolicyCommand::Rollback { admin } => {
             let url = format!("{}/policy/rollback", admin.admin.trim_end_matches('/'));
-            let body = admin_request(&admin, reqwest::Method::POST, url, Vec::new())?;
+            let body = admin_request(&admin, reqwest::Method::POST, url, &[], Vec::new())?;
             println!("{}", message_of(&body));
             Ok(())
         }
+    }
+}
+
+/// A plain table (no borders, columns aligned): easy to read and to grep.
+fn table(header: &[&str]) -> comfy_table::Table {
+    let mut t = comfy_table::Table::new();
+    t.load_style(comfy_table::presets::NOTHING)
+        .set_content_arrangement(comfy_table::ContentArrangement::Disabled)
+        .set_header(header.iter().copied());
+    t
+}
+
+/// Right-aligns column `i` (numbers).
+fn right(t: &mut comfy_table::Table, i: usize) {
+    if let Some(c) = t.column_mut(i) {
+        c.set_cell_alignment(comfy_table::CellAlignment::Right);
     }
 }
 
@@ -258,8 +270,7 @@ pub fn check(file: &Path) -> Result<(String, Result<(), CommandError>), CommandE
         module.name(),
         file.display()
     );
-    let header = ["#", "session", "cursor", "default", "this policy", ""];
-    let mut lines: Vec<[String; 6]> = Vec::with_capacity(rows.len());
+    let mut rendered = table(&["#", "session", "cursor", "default", "this policy", ""]);
     let (mut differ, mut faulted) = (0, 0);
     for (i, facts) in rows.iter().enumerate() {
         let (verdict, fault) = clamp(facts, host.decide(facts));
@@ -279,7 +290,7 @@ pub fn check(file: &Path) -> Result<(String, Result<(), CommandError>), CommandE
             }
             None => String::new(),
         };
-        lines.push([
+        rendered.add_row([
             (i + 1).to_string(),
             facts
                 .session_fact()
@@ -292,26 +303,9 @@ pub fn check(file: &Path) -> Result<(String, Result<(), CommandError>), CommandE
             mark,
         ]);
     }
-    let mut widths = header.map(str::len);
-    for line in &lines {
-        for (w, cell) in widths.iter_mut().zip(line) {
-            *w = (*w).max(cell.chars().count());
-        }
-    }
-    let mut push_row = |cells: [&str; 6]| {
-        let mut row = String::new();
-        for (i, (cell, w)) in cells.iter().zip(widths).enumerate() {
-            if i == 0 {
-                let _ = write!(row, "{cell:>w$}  ");
-            } else {
-                let _ = write!(row, "{cell:<w$}  ");
-            }
-        }
-        let _ = writeln!(out, "{}", row.trim_end());
-    };
-    push_row(header);
-    for line in &lines {
-        push_row(line.each_ref().map(String::as_str));
+    right(&mut rendered, 0);
+    for line in rendered.to_string().lines() {
+        let _ = writeln!(out, "{}", line.trim_end());
     }
     let _ = writeln!(
         out,
@@ -336,22 +330,11 @@ pub fn check(file: &Path) -> Result<(String, Result<(), CommandError>), CommandE
     Ok((out, outcome))
 }
 
-fn percent_encode(s: &str) -> String {
-    s.bytes()
-        .map(|b| {
-            if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.') {
-                (b as char).to_string()
-            } else {
-                format!("%{b:02X}")
-            }
-        })
-        .collect()
-}
-
 fn admin_request(
     admin: &AdminArgs,
     method: reqwest::Method,
     url: String,
+    query: &[(&str, &str)],
     body: Vec<u8>,
 ) -> Result<Value, CommandError> {
     let token = admin.token.as_deref().ok_or_else(|| {
@@ -360,38 +343,31 @@ fn admin_request(
                 .to_owned(),
         )
     })?;
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
+    let client = reqwest::blocking::Client::builder()
+        .timeout(std::time::Duration::from_secs(120))
         .build()
-        .map_err(|e| CommandError(format!("cannot start a runtime: {e}")))?;
-    runtime.block_on(async {
-        let client = reqwest::Client::builder()
-            .timeout(std::time::Duration::from_secs(120))
-            .build()
-            .map_err(|e| CommandError(format!("cannot build an HTTP client: {e}")))?;
-        let response = client
-            .request(method, &url)
-            .bearer_auth(token)
-            .header(reqwest::header::CONTENT_TYPE, "application/wasm")
-            .body(body)
-            .send()
-            .await
-            .map_err(|e| CommandError(format!("cannot reach the admin surface at {url}: {e}")))?;
-        let status = response.status();
-        let text = response
-            .text()
-            .await
-            .map_err(|e| CommandError(format!("reading the answer from {url}: {e}")))?;
-        let body: Value = serde_json::from_str(&text).unwrap_or(Value::String(text));
-        if status.is_success() {
-            Ok(body)
-        } else {
-            Err(CommandError(format!(
-                "the server refused ({status}): {}",
-                refusal_text(&body)
-            )))
-        }
-    })
+        .map_err(|e| CommandError(format!("cannot build an HTTP client: {e}")))?;
+    let response = client
+        .request(method, &url)
+        .query(query)
+        .bearer_auth(token)
+        .header(reqwest::header::CONTENT_TYPE, "application/wasm")
+        .body(body)
+        .send()
+        .map_err(|e| CommandError(format!("cannot reach the admin surface at {url}: {e}")))?;
+    let status = response.status();
+    let text = response
+        .text()
+        .map_err(|e| CommandError(format!("reading the answer from {url}: {e}")))?;
+    let body: Value = serde_json::from_str(&text).unwrap_or(Value::String(text));
+    if status.is_success() {
+        Ok(body)
+    } else {
+        Err(CommandError(format!(
+            "the server refused ({status}): {}",
+            refusal_text(&body)
+        )))
+    }
 }
 
 fn message_of(body: &Value) -> String {
@@ -422,24 +398,24 @@ fn status_table(body: &Value) -> String {
         body["manual_rollbacks"],
         body["automatic_rollbacks"]
     );
-    let _ = writeln!(
-        out,
-        "{:>10}  {:<20}  {:<11}  {:>10}  {:>7}",
-        "generation", "name", "state", "decisions", "faults"
-    );
+    let mut rendered = table(&["generation", "name", "state", "decisions", "faults"]);
     for g in body["generations"].as_array().into_iter().flatten() {
         let faults: u64 = g["faults"]
             .as_object()
             .map_or(0, |m| m.values().filter_map(Value::as_u64).sum());
-        let _ = writeln!(
-            out,
-            "{:>10}  {:<20}  {:<11}  {:>10}  {:>7}",
+        rendered.add_row([
             g["generation"].to_string(),
-            g["name"].as_str().unwrap_or("?"),
-            g["state"].as_str().unwrap_or("?"),
+            g["name"].as_str().unwrap_or("?").to_owned(),
+            g["state"].as_str().unwrap_or("?").to_owned(),
             g["decisions"].to_string(),
-            faults
-        );
+            faults.to_string(),
+        ]);
+    }
+    for i in [0, 3, 4] {
+        right(&mut rendered, i);
+    }
+    for line in rendered.to_string().lines() {
+        let _ = writeln!(out, "{}", line.trim_end());
     }
     if let Some(store) = body.get("store").filter(|s| s.is_object()) {
         let live = store["live_file"]

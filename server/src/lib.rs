@@ -5,7 +5,7 @@
 //! session's ring before it is sent, and every reconnect (`GET` with
 //! `Last-Event-ID`) is decided by the engine with the session the client
 //! presents — never by cursor alone. See [`mcp`] for how, and
-//! [`tools::ReferenceServer`] for the server `rewind serve` runs.
+//! [`reference::ReferenceServer`] for the server `rewind serve` runs.
 //!
 //! ```no_run
 //! use std::sync::Arc;
@@ -41,5 +41,8 @@ pub mod cli;
 pub mod mcp;
 pub mod metrics;
 pub mod policy_store;
+pub mod reference;
 pub mod settings;
-pub mod tools;
+
+/// The reference server under its earlier name ([`reference`]).
+pub use reference as tools;

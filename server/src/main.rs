@@ -20,11 +20,11 @@ use rewind_engine::policy::wasm::{HostError, PolicyHost, PolicyHostConfig};
 use rewind_engine::Engine;
 use rewind_server::admin::{self, AdminState};
 use rewind_server::cli::{self, Cli, Command};
-use rewind_server::mcp::{self, HostPolicy, McpOptions};
+use rewind_server::mcp::{self, HostPolicy, McpOptions, OriginPolicy};
 use rewind_server::metrics::ServerMetrics;
 use rewind_server::policy_store::{PolicyStore, StoredPolicy};
-use rewind_server::settings::{ServeArgs, Settings};
-use rewind_server::tools::ReferenceServer;
+use rewind_server::reference::ReferenceServer;
+use rewind_server::settings::{HttpSettings, LogFormat, ServeArgs, Settings};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
@@ -59,14 +59,7 @@ type BoxError = Box<dyn std::error::Error>;
 
 fn serve(args: &ServeArgs, matches: &ArgMatches) -> Result<(), BoxError> {
     let settings = Settings::resolve(args, Some(matches))?;
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+    init_logs(settings.log_format);
 
     let host = Arc::new(match &settings.policy {
         None => PolicyHost::with_default_policy()?,
@@ -119,14 +112,16 @@ fn serve(args: &ServeArgs, matches: &ArgMatches) -> Result<(), BoxError> {
             engine.clone(),
             Arc::clone(&metrics),
             mcp_addr,
+            &settings.http,
             shutdown.clone(),
-        );
+        )?;
         let mut admin_state = AdminState::new(
             engine.clone(),
             Arc::clone(&host),
             Arc::clone(&metrics),
             token.clone(),
-        );
+        )
+        .with_shutdown(shutdown.clone());
         if let Some((store, _)) = &store {
             admin_state = admin_state.with_store(Arc::clone(store));
         }
@@ -136,7 +131,7 @@ fn serve(args: &ServeArgs, matches: &ArgMatches) -> Result<(), BoxError> {
         writeln!(out, "rewind: MCP endpoint   http://{mcp_addr}/mcp")?;
         writeln!(
             out,
-            "rewind: admin surface  http://{admin_addr} (GET /metrics, GET|POST /policy, POST /policy/rollback)"
+            "rewind: admin surface  http://{admin_addr} (GET /metrics, GET|POST /policy, POST /policy/rollback, GET /healthz /readyz)"
         )?;
         if token_configured {
             writeln!(out, "rewind: admin token    (configured)")?;
@@ -318,6 +313,22 @@ async fn bind(
     })
 }
 
+/// Logs on stderr: `RUST_LOG` or `info` (rmcp's per-session chatter only
+/// from `warn`; `RUST_LOG=rmcp=debug` brings it back), as text or JSON.
+fn init_logs(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,rmcp=warn"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Json => builder.json().init(),
+        _ => builder
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .init(),
+    }
+}
+
 /// The MCP Streamable HTTP endpoint at `/mcp`, serving the reference
 /// tools. Its own sweeper ends idle sessions (engine and rmcp service)
 /// every second; `shutdown` ends every stream.
@@ -325,13 +336,42 @@ fn mcp_router(
     engine: Engine,
     metrics: Arc<ServerMetrics>,
     listen: SocketAddr,
+    http: &HttpSettings,
     shutdown: CancellationToken,
-) -> axum::Router {
+) -> Result<axum::Router, BoxError> {
     let mut options = McpOptions::default();
-    options.hosts = HostPolicy::for_listen_addr(listen);
+    options.hosts = match &http.allowed_hosts {
+        Some(list) if list.iter().any(|h| h == "*") => {
+            tracing::warn!(
+                "DNS-REBINDING PROTECTION IS OFF: allowed_hosts is \"*\", so any Host header is \
+                 accepted; do this only behind a proxy that checks Host itself, or with \
+                 authentication in front of the endpoint"
+            );
+            HostPolicy::Any
+        }
+        Some(list) => HostPolicy::Allow(list.clone()),
+        None => {
+            if !listen.ip().is_loopback() {
+                tracing::warn!(
+                    %listen,
+                    "LISTENING BEYOND LOOPBACK WITH LOOPBACK-ONLY HOSTS: requests whose Host is \
+                     not localhost/127.0.0.1/[::1] get 403 (DNS-rebinding protection stays on); \
+                     name the hosts clients use with --allowed-hosts (or REWIND_ALLOWED_HOSTS)"
+                );
+            }
+            HostPolicy::for_listen_addr(listen)
+        }
+    };
+    if let Some(origins) = &http.allowed_origins {
+        options.origins = OriginPolicy::allow(origins)?;
+    }
+    options.cors = http.cors;
+    options.json_response = http.json_response;
+    options.max_body_bytes = http.max_body_bytes;
+    options.max_header_bytes = http.max_header_bytes;
     options.shutdown = shutdown;
     options.sweep_interval = Some(Duration::from_secs(1));
-    mcp::router(engine, metrics, options, ReferenceServer::new)
+    Ok(mcp::router(engine, metrics, options, ReferenceServer::new))
 }
 
 async fn cancel_on_signal(shutdown: CancellationToken) {

@@ -16,6 +16,16 @@
 //! policy = "policies/strict.wasm"  # relative to this file; default: embedded
 //! policy_dir = "policies/live"     # keeps pushed policies across restarts
 //!
+//! log_format = "text"             # or "json": one JSON object per log line
+//!
+//! [http]
+//! allowed_hosts = ["mcp.example.com"]   # Host names accepted; default loopback only; ["*"]: any
+//! allowed_origins = ["https://app.example.com"]  # exact origins; default: the host list decides
+//! cors = false                     # answer CORS preflights for the accepted origins
+//! json_response = false            # one JSON body when the answer is the response alone
+//! max_body_bytes = 4194304         # largest POST body (413 above)
+//! max_header_bytes = 16384         # largest request header block (431 above)
+//!
 //! [engine]
 //! session_events = 1024            # events each session keeps (at least)
 //! session_bytes = 262144           # segment bytes each session keeps (at least)
@@ -99,6 +109,85 @@ pub struct ServeArgs {
     /// Oldest disconnect, in seconds, a strict policy may still resume [default: unset]
     #[arg(long, env = "REWIND_MAX_RESUME_AGE_SECS", value_name = "SECS")]
     pub max_resume_age_secs: Option<u64>,
+    /// Host names the MCP endpoint accepts in `Host`, comma-separated; `*`: any (no DNS-rebinding protection) [default: loopback names only]
+    #[arg(
+        long,
+        env = "REWIND_ALLOWED_HOSTS",
+        value_name = "HOST,...",
+        value_delimiter = ','
+    )]
+    pub allowed_hosts: Option<Vec<String>>,
+    /// Exact browser origins accepted (scheme://host[:port]), comma-separated [default: an origin's host must pass --allowed-hosts]
+    #[arg(
+        long,
+        env = "REWIND_ALLOWED_ORIGINS",
+        value_name = "ORIGIN,...",
+        value_delimiter = ','
+    )]
+    pub allowed_origins: Option<Vec<String>>,
+    /// Answer CORS preflights and expose Mcp-Session-Id to the accepted origins [default: false]
+    #[arg(long, env = "REWIND_CORS", value_name = "BOOL", num_args = 0..=1, default_missing_value = "true")]
+    pub cors: Option<bool>,
+    /// Answer with one JSON body when the answer is the response alone [default: false]
+    #[arg(long, env = "REWIND_JSON_RESPONSE", value_name = "BOOL", num_args = 0..=1, default_missing_value = "true")]
+    pub json_response: Option<bool>,
+    /// Largest POST body in bytes (413 above) [default: 4194304]
+    #[arg(long, env = "REWIND_MAX_BODY_BYTES", value_name = "BYTES")]
+    pub max_body_bytes: Option<usize>,
+    /// Largest request header block in bytes (431 above) [default: 16384]
+    #[arg(long, env = "REWIND_MAX_HEADER_BYTES", value_name = "BYTES")]
+    pub max_header_bytes: Option<usize>,
+    /// Log line format: text or json [default: text]
+    #[arg(long, env = "REWIND_LOG_FORMAT", value_name = "FORMAT")]
+    pub log_format: Option<LogFormat>,
+}
+
+/// How log lines are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// Human-readable lines.
+    #[default]
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// The `[http]` table of the configuration file.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HttpFileSettings {
+    /// `http.allowed_hosts`
+    pub allowed_hosts: Option<Vec<String>>,
+    /// `http.allowed_origins`
+    pub allowed_origins: Option<Vec<String>>,
+    /// `http.cors`
+    pub cors: Option<bool>,
+    /// `http.json_response`
+    pub json_response: Option<bool>,
+    /// `http.max_body_bytes`
+    pub max_body_bytes: Option<usize>,
+    /// `http.max_header_bytes`
+    pub max_header_bytes: Option<usize>,
+}
+
+/// How the MCP endpoint treats HTTP requests, resolved and checked.
+#[derive(Debug, Clone)]
+pub struct HttpSettings {
+    /// `Host` names accepted; `None`: loopback names only; `Some([])`
+    /// never happens (refused); `Some(["*"])` is kept as given and means any.
+    pub allowed_hosts: Option<Vec<String>>,
+    /// Exact origins accepted (already checked to be origins); `None`: the
+    /// host list decides.
+    pub allowed_origins: Option<Vec<String>>,
+    /// CORS on.
+    pub cors: bool,
+    /// JSON answers when the answer is the response alone.
+    pub json_response: bool,
+    /// Largest POST body.
+    pub max_body_bytes: usize,
+    /// Largest request header block.
+    pub max_header_bytes: usize,
 }
 
 /// The configuration file, as written. Unknown keys are errors.
@@ -115,6 +204,11 @@ pub struct FileSettings {
     pub policy: Option<PathBuf>,
     /// `policy_dir`, relative to the file's directory
     pub policy_dir: Option<PathBuf>,
+    /// `log_format`
+    pub log_format: Option<LogFormat>,
+    /// `[http]`
+    #[serde(default)]
+    pub http: HttpFileSettings,
     /// `[engine]`
     #[serde(default)]
     pub engine: EngineFileSettings,
@@ -160,6 +254,10 @@ pub struct Settings {
     pub policy_dir: Option<PathBuf>,
     /// The engine's configuration (already validated).
     pub engine: Config,
+    /// The MCP endpoint's HTTP settings.
+    pub http: HttpSettings,
+    /// How log lines are written.
+    pub log_format: LogFormat,
 }
 
 /// Where a value came from, for error messages.
@@ -316,6 +414,13 @@ fn flag_name(id: &'static str) -> &'static str {
         "max_sessions_per_principal" => "max-sessions-per-principal",
         "idle_ttl_secs" => "idle-ttl-secs",
         "max_resume_age_secs" => "max-resume-age-secs",
+        "allowed_hosts" => "allowed-hosts",
+        "allowed_origins" => "allowed-origins",
+        "cors" => "cors",
+        "json_response" => "json-response",
+        "max_body_bytes" => "max-body-bytes",
+        "max_header_bytes" => "max-header-bytes",
+        "log_format" => "log-format",
         other => other,
     }
 }
@@ -366,6 +471,13 @@ impl Settings {
             args.policy_dir.clone(),
             file.policy_dir,
         );
+        let (log_format, _) = r.pick(
+            "log_format",
+            "REWIND_LOG_FORMAT",
+            args.log_format,
+            file.log_format,
+        );
+        let http = resolve_http(&r, args, file.http)?;
         let e = file.engine;
         let (session_events, events_origin) = r.pick(
             "session_events",
@@ -518,8 +630,114 @@ impl Settings {
             policy,
             policy_dir,
             engine,
+            http,
+            log_format: log_format.unwrap_or_default(),
         })
     }
+}
+
+/// The `[http]` settings over their flags, checked.
+fn resolve_http(
+    r: &Resolver<'_>,
+    args: &ServeArgs,
+    file: HttpFileSettings,
+) -> Result<HttpSettings, SettingsError> {
+    let (hosts, hosts_origin) = r.pick(
+        "allowed_hosts",
+        "REWIND_ALLOWED_HOSTS",
+        args.allowed_hosts.clone(),
+        file.allowed_hosts,
+    );
+    let (origins, origins_origin) = r.pick(
+        "allowed_origins",
+        "REWIND_ALLOWED_ORIGINS",
+        args.allowed_origins.clone(),
+        file.allowed_origins,
+    );
+    let (cors, _) = r.pick("cors", "REWIND_CORS", args.cors, file.cors);
+    let (json_response, _) = r.pick(
+        "json_response",
+        "REWIND_JSON_RESPONSE",
+        args.json_response,
+        file.json_response,
+    );
+    let (max_body, body_origin) = r.pick(
+        "max_body_bytes",
+        "REWIND_MAX_BODY_BYTES",
+        args.max_body_bytes,
+        file.max_body_bytes,
+    );
+    let (max_header, header_origin) = r.pick(
+        "max_header_bytes",
+        "REWIND_MAX_HEADER_BYTES",
+        args.max_header_bytes,
+        file.max_header_bytes,
+    );
+    let invalid = |key: &'static str, origin: &Origin, message: String| SettingsError::Invalid {
+        key,
+        origin: origin.clone(),
+        message,
+    };
+    let hosts = match hosts {
+        None => None,
+        Some(list) => {
+            let list: Vec<String> = list
+                .iter()
+                .map(|h| h.trim().to_owned())
+                .filter(|h| !h.is_empty())
+                .collect();
+            if list.is_empty() {
+                return Err(invalid(
+                    "http.allowed_hosts",
+                    &hosts_origin,
+                    "is empty; leave it out for loopback names only, or use \"*\" for any host"
+                        .to_owned(),
+                ));
+            }
+            if let Some(bad) = list.iter().find(|h| {
+                h.as_str() != "*" && (h.contains('/') || h.parse::<http::uri::Authority>().is_err())
+            }) {
+                return Err(invalid(
+                    "http.allowed_hosts",
+                    &hosts_origin,
+                    format!("`{bad}` is not a host name (write it without scheme or path)"),
+                ));
+            }
+            Some(list)
+        }
+    };
+    let origins = match origins {
+        None => None,
+        Some(list) => {
+            crate::mcp::OriginPolicy::allow(&list)
+                .map_err(|m| invalid("http.allowed_origins", &origins_origin, m))?;
+            Some(list)
+        }
+    };
+    let max_body_bytes = max_body.unwrap_or(4 << 20);
+    if max_body_bytes < 1024 {
+        return Err(invalid(
+            "http.max_body_bytes",
+            &body_origin,
+            format!("{max_body_bytes} is below 1024; an initialize request alone needs more"),
+        ));
+    }
+    let max_header_bytes = max_header.unwrap_or(16 << 10);
+    if max_header_bytes < 1024 {
+        return Err(invalid(
+            "http.max_header_bytes",
+            &header_origin,
+            format!("{max_header_bytes} is below 1024; ordinary clients send more"),
+        ));
+    }
+    Ok(HttpSettings {
+        allowed_hosts: hosts,
+        allowed_origins: origins,
+        cors: cors.unwrap_or(false),
+        json_response: json_response.unwrap_or(false),
+        max_body_bytes,
+        max_header_bytes,
+    })
 }
 
 #[cfg(test)]
@@ -610,6 +828,54 @@ mod tests {
             e.contains("engine.global_bytes") && e.contains("--global-bytes"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn http_settings_resolve_and_bad_ones_are_named() {
+        let file = parse(
+            "[http]\nallowed_hosts = [\"mcp.example.com\"]\ncors = true\nmax_header_bytes = 8192\n",
+        )
+        .unwrap();
+        let args = ServeArgs {
+            allowed_origins: Some(vec!["https://app.example.com".into()]),
+            ..ServeArgs::default()
+        };
+        let s = Settings::resolve_with_file(&args, None, file, Some(Path::new("r.toml"))).unwrap();
+        assert_eq!(
+            s.http.allowed_hosts,
+            Some(vec!["mcp.example.com".to_owned()])
+        );
+        assert!(s.http.cors && !s.http.json_response);
+        assert_eq!(s.http.max_header_bytes, 8192);
+        assert_eq!(s.http.max_body_bytes, 4 << 20);
+
+        let args = ServeArgs {
+            allowed_origins: Some(vec!["https://app.example.com/x".into()]),
+            ..ServeArgs::default()
+        };
+        let e = Settings::resolve(&args, None).unwrap_err().to_string();
+        assert!(
+            e.contains("http.allowed_origins") && e.contains("/x"),
+            "{e}"
+        );
+        let file = parse("[http]\nallowed_hosts = [\"http://x\"]\n").unwrap();
+        let e = Settings::resolve_with_file(
+            &ServeArgs::default(),
+            None,
+            file,
+            Some(Path::new("r.toml")),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("http.allowed_hosts") && e.contains("r.toml"),
+            "{e}"
+        );
+        let e = parse("[http]\ncorz = true\n").unwrap_err().to_string();
+        assert!(e.contains("corz"), "{e}");
+        let file = parse("log_format = \"json\"\n").unwrap();
+        let s = Settings::resolve_with_file(&ServeArgs::default(), None, file, None).unwrap();
+        assert_eq!(s.log_format, LogFormat::Json);
     }
 
     #[test]

@@ -1,43 +1,132 @@
-//! The HTTP face of the endpoint: `POST`, `GET` and `DELETE` on the MCP path.
+//! The HTTP face of the endpoint: `POST`, `GET` and `DELETE` on the MCP path,
+//! CORS preflights, the header-size limit, the access log and the HTTP
+//! metrics.
 #![allow(
     clippy::result_large_err,
     reason = "the Err side is the refusal response itself, built once on a cold path; boxing it buys nothing"
 )]
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use axum::body::Body;
 use axum::extract::{Request, State};
+use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use bytes::Bytes;
-use http::header::{ACCEPT, CACHE_CONTROL, CONTENT_TYPE, HOST, ORIGIN};
-use http::{HeaderMap, StatusCode};
+use http::header::{ACCEPT, ALLOW, CACHE_CONTROL, CONTENT_TYPE, HOST, ORIGIN};
+use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode};
 use rewind_engine::{ResumeAction, ResumeRequest, SessionId};
 use rmcp::model::{ClientJsonRpcMessage, ClientNotification, ClientRequest};
+use serde::de::IgnoredAny;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use super::session::{McpSession, RegisterError, STANDALONE};
-use super::sse::{priming_frame, signal_frame, SseReader, Stops};
+use super::sse::{event_frame, priming_frame, signal_frame, SseReader, Stops};
 use super::transport::SessionTransport;
-use super::{RewindMcp, SUPPORTED_PROTOCOL_VERSIONS};
+use super::{stateless, RewindMcp, STATELESS_PROTOCOL_VERSIONS, SUPPORTED_PROTOCOL_VERSIONS};
+use crate::metrics::verdict_label;
 
 const SESSION_ID: &str = "mcp-session-id";
 const PROTOCOL_VERSION: &str = "mcp-protocol-version";
 const LAST_EVENT_ID: &str = "last-event-id";
-/// Largest POST body accepted.
-const MAX_BODY: usize = 4 << 20;
 
 pub(super) fn router(mcp: RewindMcp) -> axum::Router {
     let path = mcp.inner.options.path.clone();
-    axum::Router::new()
+    let mut router = axum::Router::new()
         .route(
             &path,
             post(handle_post).get(handle_get).delete(handle_delete),
         )
-        .with_state(mcp)
+        .with_state(mcp.clone());
+    if mcp.inner.options.cors {
+        router = router.layer(cors(&mcp));
+    }
+    router.layer(middleware::from_fn_with_state(mcp, edge))
+}
+
+/// CORS for the origins the endpoint accepts anyway: browsers may read
+/// `Mcp-Session-Id` (and send it back), and preflights are answered.
+fn cors(mcp: &RewindMcp) -> tower_http::cors::CorsLayer {
+    use tower_http::cors::{AllowOrigin, CorsLayer};
+    let check = mcp.clone();
+    CorsLayer::new()
+        .allow_origin(AllowOrigin::predicate(move |origin, _parts| {
+            let o = &check.inner.options;
+            origin.to_str().is_ok_and(|v| o.origins.allows(v, &o.hosts))
+        }))
+        .allow_methods([Method::GET, Method::POST, Method::DELETE])
+        .allow_headers([
+            CONTENT_TYPE,
+            ACCEPT,
+            http::header::AUTHORIZATION,
+            HeaderName::from_static(SESSION_ID),
+            HeaderName::from_static(PROTOCOL_VERSION),
+            HeaderName::from_static(LAST_EVENT_ID),
+        ])
+        .expose_headers([
+            HeaderName::from_static(SESSION_ID),
+            HeaderName::from_static(PROTOCOL_VERSION),
+        ])
+        .max_age(Duration::from_secs(600))
+}
+
+/// What a handler tells the access log about the request it answered.
+#[derive(Debug, Clone, Copy, Default)]
+struct Access {
+    /// The session's owner tag (the first part of its event ids): safe to
+    /// log, unlike the session id, which is the session's credential.
+    session: Option<u64>,
+    stream: Option<u32>,
+    verdict: Option<&'static str>,
+}
+
+fn with_access(mut resp: Response, access: Access) -> Response {
+    resp.extensions_mut().insert(access);
+    resp
+}
+
+/// Outermost layer: the header-size limit (431), one access-log line per
+/// request at `info`, and the responses-by-status counter.
+async fn edge(State(mcp): State<RewindMcp>, req: Request, next: Next) -> Response {
+    let started = Instant::now();
+    let method = req.method().clone();
+    // Each header line is `name: value\r\n`.
+    let header_bytes: usize = req
+        .headers()
+        .iter()
+        .map(|(n, v)| n.as_str().len() + v.len() + 4)
+        .sum();
+    let limit = mcp.inner.options.max_header_bytes;
+    let resp = if header_bytes > limit {
+        refuse(
+            StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            -32600,
+            &format!("request headers are {header_bytes} bytes; the limit is {limit}"),
+        )
+    } else {
+        next.run(req).await
+    };
+    mcp.inner.metrics.observe_response(&method, resp.status());
+    let access = resp
+        .extensions()
+        .get::<Access>()
+        .copied()
+        .unwrap_or_default();
+    let session = access.session.map(|t| format!("{t:016x}"));
+    tracing::info!(
+        target: "rewind::access",
+        method = %method,
+        status = resp.status().as_u16(),
+        session = session.as_deref().unwrap_or("-"),
+        stream = access.stream.map_or_else(|| "-".to_owned(), |s| s.to_string()),
+        verdict = access.verdict.unwrap_or("-"),
+        ms = started.elapsed().as_secs_f64() * 1e3,
+        "request"
+    );
+    resp
 }
 
 /// A refusal with a small JSON-RPC error body.
@@ -67,60 +156,103 @@ fn header<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
     headers.get(name).and_then(|v| v.to_str().ok())
 }
 
+/// The protocol revision a request names in its header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Revision {
+    /// A revision with sessions; `None`: no header (2025-03-26).
+    Sessions(Option<&'static str>),
+    /// 2026-07-28 or later: stateless ([`stateless`]).
+    Stateless,
+}
+
+impl Revision {
+    /// Whether JSON-RPC batches exist in this revision (removed in
+    /// 2025-06-18).
+    fn batches(self) -> bool {
+        matches!(self, Revision::Sessions(None | Some("2025-03-26")))
+    }
+}
+
 /// Host/Origin (DNS rebinding) and protocol-version checks shared by every
 /// method.
-fn check_common(mcp: &RewindMcp, headers: &HeaderMap) -> Result<(), Response> {
-    let hosts = &mcp.inner.options.hosts;
+fn check_common(mcp: &RewindMcp, headers: &HeaderMap) -> Result<Revision, Response> {
+    let options = &mcp.inner.options;
     let forbidden = || refuse(StatusCode::FORBIDDEN, -32000, "forbidden Host or Origin");
     if let Some(host) = headers.get(HOST) {
         match host.to_str() {
-            Ok(h) if hosts.allows(h) => {}
+            Ok(h) if options.hosts.allows(h) => {}
             _ => return Err(forbidden()),
         }
     }
     if let Some(origin) = headers.get(ORIGIN) {
-        let authority = origin
-            .to_str()
-            .ok()
-            .and_then(|o| o.split_once("://"))
-            .map(|(_, rest)| rest.split('/').next().unwrap_or(rest));
-        match authority {
-            Some(a) if hosts.allows(a) => {}
+        match origin.to_str() {
+            Ok(o) if options.origins.allows(o, &options.hosts) => {}
             _ => return Err(forbidden()),
         }
     }
     // Absent means 2025-03-26 (spec); every value present must be supported.
+    let mut revision = Revision::Sessions(None);
     for v in headers.get_all(PROTOCOL_VERSION) {
-        let ok = v
-            .to_str()
-            .is_ok_and(|v| SUPPORTED_PROTOCOL_VERSIONS.contains(&v.trim()));
-        if !ok {
+        let v = v.to_str().map(str::trim).unwrap_or("");
+        if let Some(known) = SUPPORTED_PROTOCOL_VERSIONS.iter().find(|k| **k == v) {
+            revision = Revision::Sessions(Some(known));
+        } else if STATELESS_PROTOCOL_VERSIONS.contains(&v) {
+            revision = Revision::Stateless;
+        } else {
             return Err(bad_request(&format!(
-                "unsupported MCP-Protocol-Version; supported: {}",
-                SUPPORTED_PROTOCOL_VERSIONS.join(", ")
+                "unsupported MCP-Protocol-Version; supported: {}, {}",
+                SUPPORTED_PROTOCOL_VERSIONS.join(", "),
+                STATELESS_PROTOCOL_VERSIONS.join(", ")
             )));
         }
     }
-    if mcp.inner.options.shutdown.is_cancelled() {
+    if options.shutdown.is_cancelled() {
         return Err(refuse(
             StatusCode::SERVICE_UNAVAILABLE,
             -32000,
             "server shutting down",
         ));
     }
-    Ok(())
+    Ok(revision)
 }
 
-/// Whether the client takes `text/event-stream` (a missing `Accept` or a
-/// wildcard counts).
-fn accepts_sse(headers: &HeaderMap) -> bool {
-    match header(headers, ACCEPT.as_str()) {
-        None => true,
-        Some(a) => a.split(',').any(|t| {
-            let t = t.split(';').next().unwrap_or("").trim();
-            t.eq_ignore_ascii_case("text/event-stream") || t == "*/*" || t == "text/*"
-        }),
+/// Which media types the client takes (a missing `Accept` takes both).
+#[derive(Debug, Clone, Copy)]
+struct Accepts {
+    json: bool,
+    sse: bool,
+}
+
+fn accepts(headers: &HeaderMap) -> Accepts {
+    let Some(a) = header(headers, ACCEPT.as_str()) else {
+        return Accepts {
+            json: true,
+            sse: true,
+        };
+    };
+    let mut out = Accepts {
+        json: false,
+        sse: false,
+    };
+    for t in a.split(',') {
+        let t = t.split(';').next().unwrap_or("").trim();
+        let any = t == "*/*";
+        out.json |= any || t.eq_ignore_ascii_case("application/json") || t == "application/*";
+        out.sse |= any || t.eq_ignore_ascii_case("text/event-stream") || t == "text/*";
     }
+    out
+}
+
+/// GET and DELETE do not exist in the stateless revision.
+fn stateless_method_not_allowed() -> Response {
+    let mut r = refuse(
+        StatusCode::METHOD_NOT_ALLOWED,
+        -32600,
+        "MCP 2026-07-28 has no sessions: only POST",
+    );
+    r.headers_mut()
+        .insert(ALLOW, HeaderValue::from_static("POST"));
+    r
 }
 
 fn principal(mcp: &RewindMcp, parts: &http::request::Parts) -> Option<String> {
@@ -140,10 +272,45 @@ fn presented_session(
     let Ok(id) = SessionId::parse(raw.trim()) else {
         return Err(not_found());
     };
+    let principal = principal(mcp, parts);
     match mcp.session(id) {
-        Some(s) if s.principal == principal(mcp, parts) => Ok(s),
-        _ => Err(not_found()),
+        Some(s) if s.principal == principal => Ok(s),
+        Some(_) => Err(wrong_principal(mcp, raw.trim(), principal.as_deref())),
+        None => Err(not_found()),
     }
+}
+
+/// A live session presented by another principal: the answer a `GET`
+/// would get (the policy's, 409 by default), so no method tells more than
+/// another about whose the session is.
+fn wrong_principal(mcp: &RewindMcp, session_id: &str, principal: Option<&str>) -> Response {
+    let started = Instant::now();
+    let decision = mcp.inner.engine.resume(ResumeRequest {
+        session_id: Some(session_id),
+        last_event_id: None,
+        principal,
+    });
+    mcp.inner
+        .metrics
+        .observe_resume(decision.verdict, decision.generation, started.elapsed());
+    let access = Access {
+        verdict: Some(verdict_label(decision.verdict)),
+        ..Access::default()
+    };
+    let resp = match decision.action {
+        ResumeAction::Reject(r) => {
+            let status = StatusCode::from_u16(r.http_status()).unwrap_or(StatusCode::CONFLICT);
+            refuse(status, -32000, r.reason)
+        }
+        // The safe set for another principal's session holds rejections
+        // only; anything else here would be a policy host bug.
+        _ => refuse(
+            StatusCode::CONFLICT,
+            -32000,
+            "session is bound to another principal",
+        ),
+    };
+    with_access(resp, access)
 }
 
 fn sse_response(reader: SseReader, session_id: Option<SessionId>) -> Response {
@@ -155,20 +322,50 @@ fn sse_response(reader: SseReader, session_id: Option<SessionId>) -> Response {
     );
     h.insert(CACHE_CONTROL, http::HeaderValue::from_static("no-cache"));
     if let Some(id) = session_id {
-        if let Ok(v) = http::HeaderValue::from_str(&id.to_string()) {
-            h.insert(SESSION_ID, v);
-        }
+        set_session_header(&mut resp, id);
     }
     resp
 }
 
-fn parse_messages(body: &[u8]) -> Result<Vec<ClientJsonRpcMessage>, Response> {
+fn set_session_header(resp: &mut Response, id: SessionId) {
+    if let Ok(v) = http::HeaderValue::from_str(&id.to_string()) {
+        resp.headers_mut().insert(SESSION_ID, v);
+    }
+}
+
+/// One JSON body holding `payloads` (one message, or an array of them for a
+/// batch).
+fn json_response(payloads: Vec<Vec<u8>>, batch: bool, session_id: Option<SessionId>) -> Response {
+    let body = if batch {
+        let mut b = Vec::with_capacity(payloads.iter().map(|p| p.len() + 1).sum::<usize>() + 2);
+        b.push(b'[');
+        for (i, p) in payloads.iter().enumerate() {
+            if i > 0 {
+                b.push(b',');
+            }
+            b.extend_from_slice(p);
+        }
+        b.push(b']');
+        b
+    } else {
+        payloads.into_iter().next().unwrap_or_default()
+    };
+    let mut resp = Response::new(Body::from(body));
+    resp.headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    if let Some(id) = session_id {
+        set_session_header(&mut resp, id);
+    }
+    resp
+}
+
+fn parse_messages(body: &[u8]) -> Result<(Vec<ClientJsonRpcMessage>, bool), Response> {
     let value: serde_json::Value = serde_json::from_slice(body)
         .map_err(|_| refuse(StatusCode::BAD_REQUEST, -32700, "parse error"))?;
-    let items = match value {
-        serde_json::Value::Array(items) if !items.is_empty() => items,
+    let (items, batch) = match value {
+        serde_json::Value::Array(items) if !items.is_empty() => (items, true),
         serde_json::Value::Array(_) => return Err(bad_request("empty batch")),
-        single => vec![single],
+        single => (vec![single], false),
     };
     items
         .into_iter()
@@ -176,7 +373,8 @@ fn parse_messages(body: &[u8]) -> Result<Vec<ClientJsonRpcMessage>, Response> {
             serde_json::from_value::<ClientJsonRpcMessage>(v)
                 .map_err(|e| bad_request(&format!("invalid JSON-RPC message: {e}")))
         })
-        .collect()
+        .collect::<Result<Vec<_>, _>>()
+        .map(|m| (m, batch))
 }
 
 fn is_initialize(m: &ClientJsonRpcMessage) -> bool {
@@ -191,11 +389,78 @@ fn stops(mcp: &RewindMcp, after_opening: bool) -> Stops {
     }
 }
 
+/// How a POST carrying requests is answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Answer {
+    /// An SSE stream of the requests' stream (the default).
+    Sse,
+    /// One JSON body: the client takes no SSE. Whatever else the requests
+    /// cause (progress, logs, server requests) goes to the standalone
+    /// stream, where a `GET` picks it up.
+    Json,
+    /// JSON if the first thing on the stream is the one request's response,
+    /// else SSE from there on ([`McpOptions::json_response`](super::McpOptions::json_response)).
+    PreferJson,
+}
+
+fn answer_mode(mcp: &RewindMcp, accepts: Accepts, requests: usize) -> Answer {
+    if !accepts.sse {
+        Answer::Json
+    } else if mcp.inner.options.json_response && accepts.json && requests == 1 {
+        Answer::PreferJson
+    } else {
+        Answer::Sse
+    }
+}
+
+/// Whether a stored message is a response (it has no `method`).
+fn is_response(payload: &[u8]) -> bool {
+    #[derive(serde::Deserialize)]
+    struct Probe {
+        method: Option<IgnoredAny>,
+    }
+    serde_json::from_slice::<Probe>(payload).is_ok_and(|p| p.method.is_none())
+}
+
+/// Serves `reader` as `answer` says.
+async fn respond(
+    reader: SseReader,
+    answer: Answer,
+    batch: bool,
+    session_id: Option<SessionId>,
+) -> Response {
+    match answer {
+        Answer::Sse => sse_response(reader, session_id),
+        Answer::Json => {
+            let payloads = reader.collect().await;
+            if payloads.is_empty() {
+                return refuse(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    -32000,
+                    "the session or the server ended before the answer",
+                );
+            }
+            json_response(payloads, batch, session_id)
+        }
+        Answer::PreferJson => match reader.first_event().await {
+            Ok((_, payload, _)) if is_response(&payload) => {
+                json_response(vec![payload], false, session_id)
+            }
+            Ok((id, payload, mut reader)) => {
+                reader.push_opening(event_frame(id, &payload));
+                sse_response(reader, session_id)
+            }
+            Err(reader) => sse_response(reader, session_id),
+        },
+    }
+}
+
 async fn handle_post(State(mcp): State<RewindMcp>, req: Request) -> Response {
     let (parts, body) = req.into_parts();
-    if let Err(r) = check_common(&mcp, &parts.headers) {
-        return r;
-    }
+    let revision = match check_common(&mcp, &parts.headers) {
+        Ok(r) => r,
+        Err(r) => return r,
+    };
     let json = header(&parts.headers, CONTENT_TYPE.as_str()).is_some_and(|c| {
         c.split(';')
             .next()
@@ -208,33 +473,62 @@ async fn handle_post(State(mcp): State<RewindMcp>, req: Request) -> Response {
             "Content-Type must be application/json",
         );
     }
-    let body = match axum::body::to_bytes(body, MAX_BODY).await {
+    let limit = mcp.inner.options.max_body_bytes;
+    let body = match axum::body::to_bytes(body, limit).await {
         Ok(b) => b,
-        Err(_) => return refuse(StatusCode::PAYLOAD_TOO_LARGE, -32600, "body too large"),
+        Err(_) => {
+            return refuse(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                -32600,
+                &format!("body over the limit of {limit} bytes"),
+            )
+        }
     };
-    let mut msgs = match parse_messages(&body) {
+    let (mut msgs, batch) = match parse_messages(&body) {
         Ok(m) => m,
         Err(r) => return r,
     };
-    let has_requests = msgs
+    if batch && !revision.batches() {
+        return bad_request("JSON-RPC batches are not part of MCP 2025-06-18 and later");
+    }
+    let version = header(&parts.headers, PROTOCOL_VERSION).map(str::trim);
+    if stateless::applies(version, &msgs) {
+        let version = version.map(str::to_owned);
+        return stateless::post(&mcp, parts, version.as_deref(), msgs).await;
+    }
+    let requests = msgs
         .iter()
-        .any(|m| matches!(m, ClientJsonRpcMessage::Request(_)));
-    if has_requests && !accepts_sse(&parts.headers) {
+        .filter(|m| matches!(m, ClientJsonRpcMessage::Request(_)))
+        .count();
+    let accepts = accepts(&parts.headers);
+    if requests > 0 && !accepts.sse && !accepts.json {
         return refuse(
             StatusCode::NOT_ACCEPTABLE,
             -32600,
-            "Accept must include text/event-stream",
+            "Accept must include text/event-stream or application/json",
         );
     }
+    let answer = answer_mode(&mcp, accepts, requests);
     if msgs.iter().any(is_initialize) {
         if msgs.len() != 1 {
             return bad_request("initialize must not be batched");
         }
-        return initialize(&mcp, &parts, msgs).await;
+        // The session's first answer is JSON only for a client that takes
+        // nothing else; otherwise it primes the session's first stream.
+        let answer = if answer == Answer::Json {
+            Answer::Json
+        } else {
+            Answer::Sse
+        };
+        return initialize(&mcp, &parts, msgs, answer).await;
     }
     let session = match presented_session(&mcp, &parts) {
         Ok(s) => s,
         Err(r) => return r,
+    };
+    let mut access = Access {
+        session: Some(session.tag()),
+        ..Access::default()
     };
     let cancelled: Vec<_> = msgs
         .iter()
@@ -246,14 +540,18 @@ async fn handle_post(State(mcp): State<RewindMcp>, req: Request) -> Response {
             _ => None,
         })
         .collect();
-    if !has_requests {
-        if session.forward(msgs).await.is_err() {
+    if requests == 0 {
+        if session
+            .register(STANDALONE, STANDALONE, &parts, &mut msgs)
+            .is_err()
+            || session.forward(msgs).await.is_err()
+        {
             return not_found();
         }
         for id in &cancelled {
             session.cancel(id);
         }
-        return StatusCode::ACCEPTED.into_response();
+        return with_access(StatusCode::ACCEPTED.into_response(), access);
     }
     let Some(stream) = session.handle.new_stream() else {
         return refuse(
@@ -262,7 +560,13 @@ async fn handle_post(State(mcp): State<RewindMcp>, req: Request) -> Response {
             "session has no stream ids left",
         );
     };
-    if let Err(RegisterError::DuplicateId(id)) = session.register(stream, &mut msgs) {
+    access.stream = Some(stream);
+    let side = if answer == Answer::Json {
+        STANDALONE
+    } else {
+        stream
+    };
+    if let Err(RegisterError::DuplicateId(id)) = session.register(stream, side, &parts, &mut msgs) {
         return bad_request(&format!(
             "request id {id} is already in flight in this session"
         ));
@@ -271,7 +575,7 @@ async fn handle_post(State(mcp): State<RewindMcp>, req: Request) -> Response {
     // their answers can be appended.
     let replay = session.handle.subscribe(stream);
     let opening = vec![priming_frame(replay.position(), mcp.inner.options.retry)];
-    let after_opening = mcp.inner.options.close_post_streams_after_priming;
+    let after_opening = mcp.inner.options.close_post_streams_after_priming && answer == Answer::Sse;
     let reader = SseReader::new(
         replay,
         session.clone(),
@@ -286,13 +590,14 @@ async fn handle_post(State(mcp): State<RewindMcp>, req: Request) -> Response {
     for id in &cancelled {
         session.cancel(id);
     }
-    sse_response(reader, None)
+    with_access(respond(reader, answer, batch, None).await, access)
 }
 
 async fn initialize(
     mcp: &RewindMcp,
     parts: &http::request::Parts,
     mut msgs: Vec<ClientJsonRpcMessage>,
+    answer: Answer,
 ) -> Response {
     let principal = principal(mcp, parts);
     // `initialize` naming a live session re-initialises it: a new
@@ -334,7 +639,7 @@ async fn initialize(
     let (tx, rx) = mpsc::channel(mcp.inner.options.inbound_capacity.max(1));
     let service_ct: CancellationToken = mcp.inner.options.shutdown.child_token();
     let session = Arc::new(McpSession::new(handle.clone(), principal, tx, service_ct));
-    if session.register(stream, &mut msgs).is_err() {
+    if session.register(stream, stream, parts, &mut msgs).is_err() {
         handle.close();
         return bad_request("invalid initialize request");
     }
@@ -359,15 +664,25 @@ async fn initialize(
             "session service failed",
         );
     }
-    sse_response(reader, Some(handle.id()))
+    let access = Access {
+        session: Some(session.tag()),
+        stream: Some(stream),
+        verdict: None,
+    };
+    with_access(
+        respond(reader, answer, false, Some(handle.id())).await,
+        access,
+    )
 }
 
 async fn handle_get(State(mcp): State<RewindMcp>, req: Request) -> Response {
     let (parts, _body) = req.into_parts();
-    if let Err(r) = check_common(&mcp, &parts.headers) {
-        return r;
+    match check_common(&mcp, &parts.headers) {
+        Ok(Revision::Stateless) => return stateless_method_not_allowed(),
+        Ok(Revision::Sessions(_)) => {}
+        Err(r) => return r,
     }
-    if !accepts_sse(&parts.headers) {
+    if !accepts(&parts.headers).sse {
         return refuse(
             StatusCode::NOT_ACCEPTABLE,
             -32600,
@@ -386,8 +701,12 @@ async fn handle_get(State(mcp): State<RewindMcp>, req: Request) -> Response {
     mcp.inner
         .metrics
         .observe_resume(decision.verdict, decision.generation, started.elapsed());
+    let mut access = Access {
+        verdict: Some(verdict_label(decision.verdict)),
+        ..Access::default()
+    };
     let retry = mcp.inner.options.retry;
-    match decision.action {
+    let resp = match decision.action {
         ResumeAction::Reject(r) => {
             let status = StatusCode::from_u16(r.http_status()).unwrap_or(StatusCode::NOT_FOUND);
             refuse(status, -32000, r.reason)
@@ -399,8 +718,10 @@ async fn handle_get(State(mcp): State<RewindMcp>, req: Request) -> Response {
                 .and_then(|s| SessionId::parse(s).ok())
                 .and_then(|id| mcp.session(id))
             else {
-                return not_found();
+                return with_access(not_found(), access);
             };
+            access.session = Some(session.tag());
+            access.stream = Some(replay.stream());
             session.close_readers(replay.stream());
             let opening = vec![bytes_retry(retry)];
             let reader = SseReader::new(
@@ -418,10 +739,11 @@ async fn handle_get(State(mcp): State<RewindMcp>, req: Request) -> Response {
             signal,
         } => {
             let Some(session) = mcp.session(handle.id()) else {
-                return not_found();
+                return with_access(not_found(), access);
             };
-            session.close_readers(STANDALONE);
-            let replay = handle.subscribe(STANDALONE);
+            access.session = Some(session.tag());
+            access.stream = Some(STANDALONE);
+            let replay = session.standalone_replay();
             let mut opening = Vec::with_capacity(2);
             if let Some(s) = &signal {
                 opening.push(signal_frame(s, retry));
@@ -443,7 +765,8 @@ async fn handle_get(State(mcp): State<RewindMcp>, req: Request) -> Response {
             Some(_) => not_found(),
             None => bad_request("missing Mcp-Session-Id"),
         },
-    }
+    };
+    with_access(resp, access)
 }
 
 fn bytes_retry(retry: std::time::Duration) -> Bytes {
@@ -452,13 +775,19 @@ fn bytes_retry(retry: std::time::Duration) -> Bytes {
 
 async fn handle_delete(State(mcp): State<RewindMcp>, req: Request) -> Response {
     let (parts, _body) = req.into_parts();
-    if let Err(r) = check_common(&mcp, &parts.headers) {
-        return r;
+    match check_common(&mcp, &parts.headers) {
+        Ok(Revision::Stateless) => return stateless_method_not_allowed(),
+        Ok(Revision::Sessions(_)) => {}
+        Err(r) => return r,
     }
     match presented_session(&mcp, &parts) {
         Ok(s) => {
+            let access = Access {
+                session: Some(s.tag()),
+                ..Access::default()
+            };
             mcp.end_session(s.handle.id());
-            StatusCode::NO_CONTENT.into_response()
+            with_access(StatusCode::NO_CONTENT.into_response(), access)
         }
         Err(r) => r,
     }

@@ -23,28 +23,88 @@
 //!   position, empty data, `retry`), then every event of that stream,
 //!   ending once the responses are delivered. POSTs with only
 //!   notifications or responses get 202. Outgoing messages are routed to
-//!   exactly one stream (`session`) and appended to the ring before any
-//!   response sees them.
+//!   exactly one stream ([`session`]) and appended to the session's retained window before any
+//!   response sees them. Every request (and notification) carries the
+//!   HTTP request's `http::request::Parts` and its [`SseStream`] in its
+//!   extensions, so tools take `Extension<http::request::Parts>` as with
+//!   rmcp's own transport.
+//! - **JSON answers.** A POST whose `Accept` lists `application/json` but
+//!   not `text/event-stream` is answered with one JSON body (an array for a
+//!   batch) once its responses are in; whatever else its requests cause
+//!   (progress, logs, server requests) goes to the standalone stream, where
+//!   the client's `GET` receives it. With [`McpOptions::json_response`], a
+//!   client that takes both gets JSON when the first thing on the stream is
+//!   the response, and SSE (priming event first) as soon as anything comes
+//!   before it.
+//! - **The standalone stream (stream 0).** Messages that belong to no
+//!   request in flight (resource updates, list changes, server requests
+//!   sent outside a call, and the side messages of JSON answers) are stored
+//!   on stream 0 whether or not a `GET` is open. A `GET` without
+//!   `Last-Event-ID` delivers, after its priming event, every stream-0
+//!   event after the last one an earlier standalone response handed to its
+//!   connection — from the session's first event if none did — and then
+//!   live ones: what was sent before the first `GET` or between two `GET`s
+//!   is delivered to the next one, each event once. A new `GET` ends the
+//!   standalone response open before it, and takes over exactly where that
+//!   one stopped. Events that fell out of the retained window meanwhile are
+//!   announced with a `gap` event, never skipped silently. A `GET` with
+//!   `Last-Event-ID` is a resume like any other and starts at its cursor.
 //! - **Resumption.** Every `GET` is decided by [`Engine::resume`] with the
 //!   *presented* session id and cursor; the answer maps one to one onto the
-//!   decision table of `docs/decision-table.md` (200 replay, 200 with a first `reset`/`gap`
-//!   event, 400, 404, 409). A `GET` without `Last-Event-ID` opens the
-//!   standalone stream 0. A new `GET` for a stream ends the responses
+//!   design's decision table (200 replay, 200 with a first `reset`/`gap`
+//!   event, 400, 404, 409). A new `GET` for a stream ends the responses
 //!   already serving it (newest connection wins), so a message is never
 //!   delivered on two connections at once.
 //! - **Early close.** [`McpOptions::close_post_streams_after_priming`], or a
 //!   tool calling [`SseStream::close`], ends the HTTP response while the
 //!   stream stays open; whatever the tool sends afterwards is in the ring
 //!   and a `GET` with the last id delivers it.
-//! - **HTTP hygiene.** `Host`/`Origin` checked against [`HostPolicy`] (403),
-//!   `MCP-Protocol-Version` checked against 2025-03-26, 2025-06-18 and
-//!   2025-11-25 (400; absent means 2025-03-26), keep-alive comments, and
-//!   [`McpOptions::shutdown`] ends every stream and service.
+//! - **Stateless MCP (2026-07-28).** That revision removes protocol
+//!   sessions: no `initialize` (clients use `server/discover`), no
+//!   `Mcp-Session-Id`, no standalone `GET` stream, no SSE resumption (no
+//!   event ids, no `Last-Event-ID`), and no requests from server to client;
+//!   every request carries its protocol version and client capabilities in
+//!   `_meta`. A POST whose `MCP-Protocol-Version` is 2026-07-28, or whose
+//!   one request is `server/discover` or names 2026-07-28 in its `_meta`,
+//!   is served by a fresh handler through rmcp's per-request path; its
+//!   answer is one JSON body, or SSE without event ids when the handler
+//!   sends notifications first. A request without the required `_meta`
+//!   gets 400; `GET` and `DELETE` at that revision get 405; inbound
+//!   `Mcp-Session-Id` and `Last-Event-ID` are ignored; an `initialize`
+//!   always starts a session. **What Rewind adds there: nothing to
+//!   resume** — the answer is not stored in the engine and a cut
+//!   connection cancels the request (the client sends it again). What the
+//!   endpoint still does for these requests: the `Host`/`Origin` checks,
+//!   CORS, the body and header limits, `Parts` in the handler's
+//!   extensions (an auth layer's principal reaches tools), the access log
+//!   and the HTTP metrics.
+//! - **HTTP hygiene.** `Host` checked against [`HostPolicy`] and `Origin`
+//!   against [`OriginPolicy`] (403); CORS for the accepted origins when
+//!   [`McpOptions::cors`] is on (preflights answered, `Mcp-Session-Id`
+//!   exposed); `MCP-Protocol-Version` checked against 2025-03-26,
+//!   2025-06-18, 2025-11-25 and 2026-07-28 (400; absent means 2025-03-26);
+//!   JSON-RPC batches only for 2025-03-26 (400 otherwise); bodies over
+//!   [`McpOptions::max_body_bytes`] get 413 and header blocks over
+//!   [`McpOptions::max_header_bytes`] 431; a session presented by another
+//!   principal gets the same answer from POST, GET and DELETE (the
+//!   policy's, 409 by default); keep-alive comments; [`McpOptions::shutdown`]
+//!   ends every stream and service.
+//! - **Observability.** One access-log line per request at `info` (target
+//!   `rewind::access`: method, status, session *tag* — the public first
+//!   field of its event ids, never the session id —, stream, verdict,
+//!   milliseconds to the response head), and the HTTP metrics of
+//!   [`ServerMetrics`](crate::metrics::ServerMetrics).
+//!
+//! A single message is one engine event: it must fit the session's ring
+//! (`Config::session_bytes`; an event larger than the ring's largest
+//! payload is answered with an internal error for its request, never
+//! truncated).
 
 mod http;
 mod options;
 mod session;
 mod sse;
+mod stateless;
 mod transport;
 
 use std::collections::HashMap;
@@ -59,17 +119,36 @@ use tokio_util::sync::CancellationToken;
 
 use crate::metrics::ServerMetrics;
 
-pub use options::{HostPolicy, McpOptions, PrincipalExtractor};
+pub use options::{HostPolicy, McpOptions, OriginPolicy, PrincipalExtractor};
 pub use session::{RelatedRequest, SseStream};
+
+/// Internals exposed for the benchmarks only; not part of the API.
+#[doc(hidden)]
+pub mod bench_support {
+    pub use super::sse::event_frame;
+}
 
 use session::McpSession;
 use transport::SessionTransport;
 
-/// The protocol revisions whose HTTP transport this endpoint speaks.
+/// The protocol revisions whose HTTP transport this endpoint speaks with
+/// sessions (and resumption).
 pub const SUPPORTED_PROTOCOL_VERSIONS: [&str; 3] = ["2025-03-26", "2025-06-18", "2025-11-25"];
+
+/// The protocol revisions served statelessly: no session, nothing to resume
+/// (see the module docs).
+pub const STATELESS_PROTOCOL_VERSIONS: [&str; 1] = ["2026-07-28"];
 
 type StartService =
     dyn Fn(SessionTransport, CancellationToken) -> BoxFuture<'static, ()> + Send + Sync;
+
+type ServeStateless = dyn Fn(
+        rmcp::model::JsonRpcRequest<rmcp::model::ClientRequest>,
+        rmcp::model::InitializeRequestParams,
+        CancellationToken,
+    ) -> tokio::sync::mpsc::Receiver<rmcp::model::ServerJsonRpcMessage>
+    + Send
+    + Sync;
 
 /// An MCP endpoint whose SSE streams live in a Rewind [`Engine`].
 ///
@@ -86,6 +165,7 @@ struct Inner {
     options: McpOptions,
     sessions: RwLock<HashMap<SessionId, Arc<McpSession>>>,
     start: Box<StartService>,
+    stateless: Box<ServeStateless>,
     sweeper_started: AtomicBool,
 }
 
@@ -111,6 +191,8 @@ impl RewindMcp {
         H: ServerHandler,
         F: Fn() -> H + Send + Sync + 'static,
     {
+        let factory = Arc::new(factory);
+        let stateless = stateless::starter(Arc::clone(&factory));
         let start = move |transport: SessionTransport, ct: CancellationToken| {
             let handler = factory();
             Box::pin(async move {
@@ -129,6 +211,7 @@ impl RewindMcp {
                 options,
                 sessions: RwLock::new(HashMap::new()),
                 start: Box::new(start),
+                stateless,
                 sweeper_started: AtomicBool::new(false),
             }),
         }
@@ -143,6 +226,11 @@ impl RewindMcp {
     /// The engine the streams live in.
     pub fn engine(&self) -> &Engine {
         &self.inner.engine
+    }
+
+    /// The metrics this endpoint records into.
+    pub fn metrics(&self) -> &Arc<ServerMetrics> {
+        &self.inner.metrics
     }
 
     /// The options this endpoint runs with.

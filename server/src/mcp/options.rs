@@ -1,5 +1,6 @@
-//! What an embedding server chooses: path, DNS-rebinding policy, SSE timing,
-//! early stream close, shutdown, and who the caller is.
+//! What an embedding server chooses: path, DNS-rebinding and origin policy,
+//! CORS, limits, JSON or SSE answers, SSE timing, early stream close,
+//! shutdown, and who the caller is.
 
 use std::fmt;
 use std::net::SocketAddr;
@@ -29,21 +30,31 @@ pub enum HostPolicy {
 }
 
 impl HostPolicy {
-    /// [`HostPolicy::Loopback`] when `addr` is a loopback address, else
-    /// [`HostPolicy::Any`]: protection on by default where DNS rebinding is
-    /// the threat.
+    /// The policy for a server listening on `addr` that was told no host
+    /// names: [`HostPolicy::Loopback`], whatever the address. A server
+    /// listening on `0.0.0.0` or a public address keeps its DNS-rebinding
+    /// protection until it is given the names clients use
+    /// ([`HostPolicy::Allow`]), or told to check nothing
+    /// ([`HostPolicy::Any`]) because something in front of it does.
     pub fn for_listen_addr(addr: SocketAddr) -> HostPolicy {
-        if addr.ip().is_loopback() {
-            HostPolicy::Loopback
-        } else {
-            HostPolicy::Any
-        }
+        let _ = addr;
+        HostPolicy::Loopback
     }
 
-    /// Whether `host` (a `Host` header value or the authority of an
-    /// `Origin`, port optional) passes.
+    /// Whether `host` (a `Host` header value or the host of an `Origin`,
+    /// port optional) passes. A value that is not an authority never does.
     pub fn allows(&self, host: &str) -> bool {
-        let name = strip_port(host);
+        if let HostPolicy::Any = self {
+            return true;
+        }
+        let Ok(authority) = host.parse::<http::uri::Authority>() else {
+            return false;
+        };
+        // An authority with user info is not a Host header.
+        if authority.as_str().contains('@') {
+            return false;
+        }
+        let name = authority.host();
         match self {
             HostPolicy::Any => true,
             HostPolicy::Loopback => {
@@ -54,17 +65,70 @@ impl HostPolicy {
     }
 }
 
-/// `example.com:8080` → `example.com`; `[::1]:80` → `[::1]`.
-fn strip_port(host: &str) -> &str {
-    if host.starts_with('[') {
-        return match host.find(']') {
-            Some(end) => &host[..=end],
-            None => host,
-        };
+/// Which `Origin` headers are accepted. Requests without `Origin` (every
+/// non-browser client) are not affected.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum OriginPolicy {
+    /// The origin's host must pass the [`HostPolicy`] (any scheme, any
+    /// port). The default.
+    #[default]
+    FollowHosts,
+    /// Exactly these origins: scheme, host and port, as browsers send them
+    /// (`https://app.example.com` and `https://app.example.com:443` are the
+    /// same origin). `null` matches the opaque origin `Origin: null`.
+    /// Build it with [`OriginPolicy::allow`].
+    Allow(Vec<String>),
+}
+
+impl OriginPolicy {
+    /// A precise list of origins, each `scheme://host[:port]`; refuses an
+    /// entry that is not an origin (a path, a query, user info, no host),
+    /// naming it.
+    pub fn allow<S: AsRef<str>>(
+        origins: impl IntoIterator<Item = S>,
+    ) -> Result<OriginPolicy, String> {
+        let mut out = Vec::new();
+        for raw in origins {
+            let raw = raw.as_ref().trim();
+            out.push(normalize_origin(raw).ok_or_else(|| {
+                format!(
+                    "`{raw}` is not an origin: write scheme://host[:port], e.g. https://app.example.com or http://localhost:5173"
+                )
+            })?);
+        }
+        Ok(OriginPolicy::Allow(out))
     }
-    match host.rsplit_once(':') {
-        Some((name, port)) if port.bytes().all(|b| b.is_ascii_digit()) => name,
-        _ => host,
+
+    /// Whether an `Origin` header value passes, given the host policy.
+    pub fn allows(&self, origin: &str, hosts: &HostPolicy) -> bool {
+        match self {
+            OriginPolicy::FollowHosts => url::Url::parse(origin)
+                .ok()
+                .and_then(|u| u.host_str().map(str::to_owned))
+                .is_some_and(|h| hosts.allows(&h)),
+            OriginPolicy::Allow(list) => {
+                normalize_origin(origin).is_some_and(|o| list.contains(&o))
+            }
+        }
+    }
+}
+
+/// The serialisation of `origin` as a browser would send it (`null`, or
+/// `scheme://host[:port]` with the default port left out); `None` when it
+/// is not an origin.
+fn normalize_origin(origin: &str) -> Option<String> {
+    if origin == "null" {
+        return Some(origin.to_owned());
+    }
+    let url = url::Url::parse(origin).ok()?;
+    let bare = url.path() == "/" || url.path().is_empty();
+    if !bare || url.query().is_some() || url.fragment().is_some() || !url.username().is_empty() {
+        return None;
+    }
+    match url.origin() {
+        o @ url::Origin::Tuple(..) => Some(o.ascii_serialization()),
+        url::Origin::Opaque(_) => None,
     }
 }
 
@@ -100,6 +164,24 @@ pub struct McpOptions {
     /// Inbound messages buffered per session before a POST waits.
     /// Default 64.
     pub inbound_capacity: usize,
+    /// `Origin` validation beside the host list. Default
+    /// [`OriginPolicy::FollowHosts`].
+    pub origins: OriginPolicy,
+    /// Answer CORS preflights (`OPTIONS`) and add CORS headers for the
+    /// origins that pass [`McpOptions::origins`], exposing `Mcp-Session-Id`
+    /// to browser clients. Default `false`.
+    pub cors: bool,
+    /// Answer a POST that carries one request with a single JSON body when
+    /// its answer is that response alone, and with SSE as soon as the
+    /// handler sends anything first (rmcp's `json_response`). A POST whose
+    /// `Accept` lists `application/json` but not `text/event-stream` is
+    /// answered with JSON whatever this says. Default `false`.
+    pub json_response: bool,
+    /// Largest POST body accepted (413 above). Default 4 MiB.
+    pub max_body_bytes: usize,
+    /// Largest total size of a request's headers (names, values and the
+    /// `: ` and line ends between them) accepted (431 above). Default 16 KiB.
+    pub max_header_bytes: usize,
 }
 
 impl Default for McpOptions {
@@ -114,6 +196,11 @@ impl Default for McpOptions {
             principal: None,
             sweep_interval: Some(Duration::from_secs(1)),
             inbound_capacity: 64,
+            origins: OriginPolicy::FollowHosts,
+            cors: false,
+            json_response: false,
+            max_body_bytes: 4 << 20,
+            max_header_bytes: 16 << 10,
         }
     }
 }
@@ -133,6 +220,11 @@ impl fmt::Debug for McpOptions {
             .field("principal", &self.principal.is_some())
             .field("sweep_interval", &self.sweep_interval)
             .field("inbound_capacity", &self.inbound_capacity)
+            .field("origins", &self.origins)
+            .field("cors", &self.cors)
+            .field("json_response", &self.json_response)
+            .field("max_body_bytes", &self.max_body_bytes)
+            .field("max_header_bytes", &self.max_header_bytes)
             .finish()
     }
 }
@@ -161,5 +253,45 @@ mod tests {
         ] {
             assert!(!p.allows(bad), "{bad}");
         }
+    }
+
+    #[test]
+    fn a_public_listener_keeps_dns_rebinding_protection() {
+        let p = HostPolicy::for_listen_addr("0.0.0.0:8080".parse().unwrap());
+        assert_eq!(p, HostPolicy::Loopback);
+        assert!(!p.allows("evil.example"));
+        let named = HostPolicy::Allow(vec!["mcp.example.com".into()]);
+        assert!(named.allows("MCP.example.com:443"));
+        assert!(!named.allows("evil.example"));
+        assert!(!named.allows("user@mcp.example.com"));
+    }
+
+    #[test]
+    fn origins_match_scheme_host_and_port() {
+        let hosts = HostPolicy::Loopback;
+        let p = OriginPolicy::allow(["https://app.example.com", "http://localhost:5173"]).unwrap();
+        for ok in [
+            "https://app.example.com",
+            "https://app.example.com:443",
+            "http://localhost:5173",
+        ] {
+            assert!(p.allows(ok, &hosts), "{ok}");
+        }
+        for bad in [
+            "http://app.example.com",
+            "https://app.example.com:8443",
+            "http://localhost:5174",
+            "https://evil.example",
+            "null",
+            "not an origin",
+        ] {
+            assert!(!p.allows(bad, &hosts), "{bad}");
+        }
+        let e = OriginPolicy::allow(["https://app.example.com/path"]).unwrap_err();
+        assert!(e.contains("/path"), "{e}");
+        let follow = OriginPolicy::FollowHosts;
+        assert!(follow.allows("http://localhost:3000", &hosts));
+        assert!(follow.allows("http://[::1]:3000", &hosts));
+        assert!(!follow.allows("http://evil.example", &hosts));
     }
 }

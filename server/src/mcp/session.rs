@@ -28,7 +28,7 @@ use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use rewind_engine::SessionHandle;
+use rewind_engine::{EventId, Replay, ReplayError, SessionHandle};
 use rmcp::model::{
     ClientJsonRpcMessage, GetExtensions, GetMeta, JsonRpcNotification, ProgressToken, RequestId,
     ServerJsonRpcMessage, ServerNotification,
@@ -97,7 +97,12 @@ impl SseStream {
 /// A request awaiting its response.
 #[derive(Debug)]
 struct Pending {
+    /// Where its response goes.
     stream: u32,
+    /// Where everything else it causes goes (progress, logs, server
+    /// requests): its own stream, or the standalone stream when its POST is
+    /// answered with one JSON body that cannot carry them.
+    side: u32,
     progress: Option<ProgressToken>,
 }
 
@@ -113,6 +118,10 @@ struct Routes {
 impl Routes {
     fn stream_of(&self, id: &RequestId) -> Option<u32> {
         self.requests.get(id).map(|p| p.stream)
+    }
+
+    fn side_stream_of(&self, id: &RequestId) -> Option<u32> {
+        self.requests.get(id).map(|p| p.side)
     }
 
     /// Where `msg` goes, and the request it completes (if any).
@@ -136,7 +145,7 @@ impl Routes {
                     .request
                     .extensions()
                     .get::<rmcp::service::OriginatingRequestId>()
-                    .and_then(|o| self.stream_of(&o.0));
+                    .and_then(|o| self.side_stream_of(&o.0));
                 (origin.unwrap_or(STANDALONE), None)
             }
             M::Notification(JsonRpcNotification { notification, .. }) => {
@@ -147,7 +156,7 @@ impl Routes {
 
     fn notification_stream(&self, n: &ServerNotification) -> u32 {
         if let Some(RelatedRequest(id)) = n.extensions().get::<RelatedRequest>() {
-            if let Some(s) = self.stream_of(id) {
+            if let Some(s) = self.side_stream_of(id) {
                 return s;
             }
         }
@@ -161,7 +170,7 @@ impl Routes {
                 .params
                 .request_id
                 .as_ref()
-                .and_then(|id| self.stream_of(id))
+                .and_then(|id| self.side_stream_of(id))
                 .unwrap_or(STANDALONE),
             _ => STANDALONE,
         }
@@ -208,6 +217,10 @@ pub(crate) struct McpSession {
     stream_closed: event_listener::Event,
     /// Per stream, the token that ends the HTTP responses serving it now.
     kicks: Mutex<HashMap<u32, CancellationToken>>,
+    /// The last standalone-stream event handed to a connection (see
+    /// [`McpSession::standalone_replay`]). Held while a standalone reader
+    /// reads, so handing over to a new `GET` never sends an event twice.
+    standalone_delivered: Mutex<Option<EventId>>,
     /// Stops the session's rmcp service.
     pub(crate) service_ct: CancellationToken,
 }
@@ -241,15 +254,21 @@ impl McpSession {
             routes: Mutex::new(Routes::default()),
             stream_closed: event_listener::Event::new(),
             kicks: Mutex::new(HashMap::new()),
+            standalone_delivered: Mutex::new(None),
             service_ct,
         }
     }
 
-    /// Registers the requests of one POST on `stream` and tags each with
-    /// its [`SseStream`]. All or nothing.
+    /// Registers the requests of one POST on `stream` (their responses) and
+    /// `side` (whatever else they cause; `stream` too unless the POST is
+    /// answered with a JSON body), and tags each with its [`SseStream`] and
+    /// the HTTP request's `parts` (as rmcp's own transport does, so tools
+    /// can take `Extension<http::request::Parts>`). All or nothing.
     pub(crate) fn register(
         self: &Arc<Self>,
         stream: u32,
+        side: u32,
+        parts: &http::request::Parts,
         msgs: &mut [ClientJsonRpcMessage],
     ) -> Result<(), RegisterError> {
         let mut routes = lock(&self.routes);
@@ -266,22 +285,41 @@ impl McpSession {
             if let ClientJsonRpcMessage::Request(r) = m {
                 let progress = r.request.get_meta().get_progress_token();
                 if let Some(token) = &progress {
-                    routes.progress.insert(token.clone(), stream);
+                    routes.progress.insert(token.clone(), side);
                 }
-                routes
-                    .requests
-                    .insert(r.id.clone(), Pending { stream, progress });
-                r.request.extensions_mut().insert(SseStream {
+                routes.requests.insert(
+                    r.id.clone(),
+                    Pending {
+                        stream,
+                        side,
+                        progress,
+                    },
+                );
+                let extensions = r.request.extensions_mut();
+                extensions.insert(SseStream {
                     session: self.clone(),
                     stream,
                 });
+                extensions.insert(parts.clone());
                 count += 1;
+            }
+        }
+        // Notifications carry the request's parts too (rmcp does the same).
+        for m in msgs.iter_mut() {
+            if let ClientJsonRpcMessage::Notification(n) = m {
+                n.notification.extensions_mut().insert(parts.clone());
             }
         }
         if count > 0 {
             routes.open.insert(stream, count);
         }
         Ok(())
+    }
+
+    /// The session's owner tag: the first field of its event ids, so it is
+    /// public already; logs name sessions by it, never by their id.
+    pub(crate) fn tag(&self) -> u64 {
+        self.handle.cursor_now(STANDALONE).tag
     }
 
     /// Whether `stream` still owes responses (stream 0 is always open).
@@ -368,6 +406,46 @@ impl McpSession {
         if let Some(t) = lock(&self.kicks).remove(&stream) {
             t.cancel();
         }
+    }
+
+    /// A reader for a `GET` without `Last-Event-ID` (the standalone stream):
+    /// it starts right after the last standalone event an earlier response
+    /// handed to its connection, or at the session's first event if none
+    /// did. Messages sent while no `GET` was open (resource updates,
+    /// list changes, server requests outside any call) are stored on the
+    /// standalone stream and delivered here, each once; responses already
+    /// serving the stream end first (newest connection wins).
+    pub(crate) fn standalone_replay(&self) -> Replay {
+        let delivered = lock(&self.standalone_delivered);
+        self.kick(STANDALONE);
+        delivered
+            .and_then(|after| self.handle.subscribe_from(STANDALONE, after))
+            .unwrap_or_else(|| self.handle.subscribe_from_start(STANDALONE))
+    }
+
+    /// Reads the next event of `replay` like [`Replay::next_into`]; on the
+    /// standalone stream, only while `kick` has not fired, and remembering
+    /// what was handed over for the next [`standalone_replay`](Self::standalone_replay).
+    pub(crate) fn next_into(
+        &self,
+        replay: &mut Replay,
+        kick: &CancellationToken,
+        buf: &mut Vec<u8>,
+    ) -> Result<Option<EventId>, ReplayError> {
+        if replay.stream() != STANDALONE {
+            return replay.next_into(buf);
+        }
+        let mut delivered = lock(&self.standalone_delivered);
+        if kick.is_cancelled() {
+            return Ok(None);
+        }
+        let next = replay.next_into(buf);
+        if let Ok(Some(id)) = next {
+            if delivered.is_none_or(|d| d.seq < id.seq) {
+                *delivered = Some(id);
+            }
+        }
+        next
     }
 
     /// Forgets the kick token of `stream` once it is no longer open: its

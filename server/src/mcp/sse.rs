@@ -47,8 +47,9 @@ pub(crate) fn signal_frame(signal: &Signal, retry: Duration) -> Bytes {
     ))
 }
 
-/// One stored event.
-fn event_frame(id: EventId, payload: &[u8]) -> Bytes {
+/// One stored event as SSE bytes: `id:`, then one `data:` line per line
+/// of the payload.
+pub fn event_frame(id: EventId, payload: &[u8]) -> Bytes {
     let mut out = Vec::with_capacity(payload.len() + 64);
     out.extend_from_slice(format!("id: {id}\n").as_bytes());
     // Payloads are compact JSON (no newlines); split anyway so a stray
@@ -103,6 +104,7 @@ impl SseReader {
         let kick = session.kick_token(replay.stream());
         let mut opening = opening;
         opening.reverse();
+        metrics.sse_stream(true);
         SseReader {
             replay,
             session,
@@ -131,14 +133,18 @@ impl SseReader {
         }
     }
 
-    /// The next stored event, or `None` when caught up.
-    fn try_next(&mut self) -> Option<Result<Bytes, ReplayError>> {
-        match self.replay.next_into(&mut self.buf) {
+    /// The next stored event (its payload in `self.buf`), or `None` when
+    /// caught up.
+    fn try_next(&mut self) -> Option<Result<Item, ReplayError>> {
+        match self
+            .session
+            .next_into(&mut self.replay, &self.kick, &mut self.buf)
+        {
             Ok(Some(id)) => {
                 if let Some(n) = &mut self.replayed {
                     *n += 1;
                 }
-                Some(Ok(event_frame(id, &self.buf)))
+                Some(Ok(Item::Event(id)))
             }
             Ok(None) => None,
             Err(ReplayError::Lagged { after, .. }) => {
@@ -151,13 +157,17 @@ impl SseReader {
                     ..after
                 };
                 let signal = Signal::lagged(after, Some(oldest));
-                Some(Ok(Bytes::from(format!(
-                    "event: {}\ndata: {}\n\n",
-                    signal.kind.event_name(),
-                    signal.to_json()
-                ))))
+                Some(Ok(Item::Gap(signal.to_json())))
             }
             Err(e) => Some(Err(e)),
+        }
+    }
+
+    fn frame(&self, item: Item) -> Bytes {
+        match item {
+            Item::Event(id) => event_frame(id, &self.buf),
+            Item::Gap(json) => Bytes::from(format!("event: gap\ndata: {json}\n\n")),
+            Item::KeepAlive => Bytes::from_static(KEEP_ALIVE),
         }
     }
 
@@ -165,6 +175,13 @@ impl SseReader {
         if let Some(f) = self.opening.pop() {
             return Some(f);
         }
+        let item = self.next_item().await?;
+        Some(self.frame(item))
+    }
+
+    /// The next event of the stream (payload in `self.buf`), a gap, or a
+    /// keep-alive tick; `None` once the response should end.
+    async fn next_item(&mut self) -> Option<Item> {
         if self.done || self.stops.after_opening || self.stops.shutdown.is_cancelled() {
             return self.finish();
         }
@@ -177,6 +194,9 @@ impl SseReader {
             }
             self.caught_up();
             if self.draining {
+                return self.finish();
+            }
+            if self.kick.is_cancelled() {
                 return self.finish();
             }
             let appended = self.replay.listen();
@@ -203,7 +223,7 @@ impl SseReader {
                 _ = closed => {}
                 _ = keep_alive => {
                     self.session.handle.touch();
-                    return Some(Bytes::from_static(KEEP_ALIVE));
+                    return Some(Item::KeepAlive);
                 }
                 _ = self.kick.cancelled() => return self.finish(),
                 _ = self.stops.shutdown.cancelled() => return self.finish(),
@@ -211,10 +231,61 @@ impl SseReader {
         }
     }
 
-    fn finish(&mut self) -> Option<Bytes> {
+    fn finish<T>(&mut self) -> Option<T> {
         self.done = true;
         None
     }
+
+    /// The first thing this reader would deliver after its opening frames:
+    /// `Ok((id, payload))` for an event, `Err(self)` for anything else (a
+    /// gap, or the end), handing the reader back so the caller can still
+    /// answer with SSE.
+    pub(crate) async fn first_event(mut self) -> Result<(EventId, Vec<u8>, SseReader), SseReader> {
+        loop {
+            match self.next_item().await {
+                Some(Item::Event(id)) => {
+                    let payload = std::mem::take(&mut self.buf);
+                    return Ok((id, payload, self));
+                }
+                Some(Item::KeepAlive) => continue,
+                Some(gap @ Item::Gap(_)) => {
+                    let f = self.frame(gap);
+                    self.opening.insert(0, f);
+                    return Err(self);
+                }
+                None => return Err(self),
+            }
+        }
+    }
+
+    /// Appends `frame` to the frames sent before the stream's events.
+    pub(crate) fn push_opening(&mut self, frame: Bytes) {
+        self.opening.insert(0, frame);
+    }
+
+    /// Every event payload this reader delivers until its stream ends (the
+    /// answers of a POST served as one JSON body). Gaps and keep-alives are
+    /// not part of such a body and are skipped.
+    pub(crate) async fn collect(mut self) -> Vec<Vec<u8>> {
+        let mut out = Vec::new();
+        while let Some(item) = self.next_item().await {
+            if let Item::Event(_) = item {
+                out.push(std::mem::take(&mut self.buf));
+            }
+        }
+        out
+    }
+}
+
+/// What a reader delivers next.
+#[derive(Debug)]
+enum Item {
+    /// An event, its payload in the reader's buffer.
+    Event(EventId),
+    /// A gap notice (JSON), for a reader that fell behind.
+    Gap(String),
+    /// Nothing for a while.
+    KeepAlive,
 }
 
 impl Drop for SseReader {
@@ -223,6 +294,7 @@ impl Drop for SseReader {
         if let Some(n) = self.replayed.take() {
             self.metrics.observe_replay(n);
         }
+        self.metrics.sse_stream(false);
         self.session.forget_kick(self.replay.stream());
     }
 }
