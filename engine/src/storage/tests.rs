@@ -110,6 +110,35 @@ fn frames_round_trip_across_word_boundaries_and_segments() {
 }
 
 #[test]
+fn a_long_chain_is_read_from_its_oldest_segment_and_from_anywhere_in_it() {
+    // One-unit segments of a few frames each: the retained window is a
+    // chain of well over a hundred segments, and every position in it
+    // must be found (a seek bounded by a hop count once made a resume
+    // from the oldest events lag forever).
+    let p = pool(1024, 4);
+    let w = Window::new();
+    let k = Retention {
+        max_events: 1 << 20,
+        max_bytes: 1 << 20,
+        first_class: 0,
+        grow_class: 0,
+    };
+    let mut want = Vec::new();
+    for seq in 1..=300u64 {
+        let body = payload(seq, 16);
+        assert_eq!(w.append(&p, A, &k, 1, seq, &body, 0), Ok(seq));
+        want.push((seq, body));
+    }
+    assert!(w.held_units() > 100, "{} segments", w.held_units());
+    assert_eq!(w.oldest_retained(&p), 1);
+    assert_eq!(read_all(&w, &p, A, 0, None), want);
+    for after in [1u64, 2, 50, 150, 298, 299] {
+        assert_eq!(read_all(&w, &p, A, after, None), want[after as usize..]);
+    }
+    w.close(&p);
+}
+
+#[test]
 fn other_streams_are_passed_over() {
     let p = pool(16, 3);
     let w = Window::new();
@@ -284,6 +313,7 @@ fn stress_two_writers_one_reader_with_retention() {
     let p = std::sync::Arc::new(pool(if cfg!(miri) { 32 } else { 512 }, 4));
     let w = std::sync::Arc::new(Window::new());
     let k = keep(16, 2048);
+    let writers_done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let writers: Vec<_> = (0..2u32)
         .map(|stream| {
             let (p, w) = (p.clone(), w.clone());
@@ -302,14 +332,15 @@ fn stress_two_writers_one_reader_with_retention() {
         })
         .collect();
     let reader = {
-        let (p, w) = (p.clone(), w.clone());
+        let (p, w, done) = (p.clone(), w.clone(), writers_done.clone());
         std::thread::spawn(move || {
             let mut c = w.cursor_after(0);
             let mut buf = Vec::new();
             let mut next = [0u64; 2];
             let mut seen = 0u64;
             let mut lagged = 0u64;
-            while seen + lagged < 2 * per_writer {
+            let mut final_look = false;
+            loop {
                 match w.read(&p, A, &mut c, None, &mut buf) {
                     Read::Event(m) => {
                         let i = m.appended_ms;
@@ -320,9 +351,16 @@ fn stress_two_writers_one_reader_with_retention() {
                         seen += 1;
                     }
                     Read::Pending => {
-                        if next == [per_writer; 2] {
+                        // Caught up after the writers finished: done. (A
+                        // stream's last events may have been released
+                        // while this reader lagged, so waiting for them
+                        // could wait forever.)
+                        if next == [per_writer; 2] || final_look {
                             break;
                         }
+                        // Seen after the writers finished: the next
+                        // `Pending` is final.
+                        final_look = done.load(std::sync::atomic::Ordering::SeqCst);
                         std::thread::yield_now();
                     }
                     Read::Lagged { .. } => {
@@ -335,11 +373,13 @@ fn stress_two_writers_one_reader_with_retention() {
                     break;
                 }
             }
+            assert!(seen > 0 && seen + lagged <= 2 * per_writer);
         })
     };
     for t in writers {
         t.join().unwrap();
     }
+    writers_done.store(true, std::sync::atomic::Ordering::SeqCst);
     reader.join().unwrap();
     assert_eq!(w.high_water(&p), 2 * per_writer);
     let total = p.capacity_bytes();

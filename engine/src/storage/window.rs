@@ -703,13 +703,28 @@ impl Window {
         let Some(mut seg) = SegRef::unpack(head_word) else {
             return Locate::NotYet;
         };
-        for _ in 0..=u32::BITS {
+        // Each valid link leads to an older segment (a first sequence
+        // number no higher), and a chain holds at most one segment per
+        // pool unit, so a walk longer than that met a stale link. The walk
+        // is as long as the retained chain (retention bounds it); a cursor
+        // older than the oldest segment is refused up front rather than
+        // after walking all of it.
+        if let Some(oldest) = SegRef::unpack(self.oldest.load(Ordering::Acquire)) {
+            if let Some(h) = read_header(pool, oldest) {
+                if is_owner(&h, owner) && seq < h.first_seq {
+                    return Locate::Gone;
+                }
+            }
+        }
+        let mut above = u64::MAX;
+        for _ in 0..=pool.shape().units {
             let Some(header) = read_header(pool, seg) else {
                 return Locate::Gone;
             };
-            if !is_owner(&header, owner) {
+            if !is_owner(&header, owner) || header.first_seq > above {
                 return Locate::Gone;
             }
+            above = header.first_seq;
             if seq >= header.first_seq {
                 return Locate::At(Pos {
                     seg,
@@ -728,7 +743,6 @@ impl Window {
             };
             seg = prev;
         }
-        // Chains are far shorter; only a cycle of stale links gets here.
         Locate::Gone
     }
 }
