@@ -144,6 +144,19 @@ fn refuse(status: StatusCode, code: i64, message: &str) -> Response {
         .into_response()
 }
 
+/// `initialize` refused by a session cap: 503 with `Retry-After` (whole
+/// seconds, at least 1), so clients back off instead of hammering.
+fn session_refused(e: &rewind_engine::OpenError) -> Response {
+    tracing::warn!(error = %e, "initialize refused");
+    let mut resp = refuse(StatusCode::SERVICE_UNAVAILABLE, -32000, &e.to_string());
+    if let Some(after) = e.retry_after() {
+        let secs = after.as_secs_f64().ceil().max(1.0) as u64;
+        resp.headers_mut()
+            .insert(http::header::RETRY_AFTER, HeaderValue::from(secs));
+    }
+    resp
+}
+
 fn bad_request(message: &str) -> Response {
     refuse(StatusCode::BAD_REQUEST, -32600, message)
 }
@@ -619,14 +632,7 @@ async fn initialize(
     };
     let handle = match opened {
         Ok(h) => h,
-        Err(e) => {
-            tracing::warn!(error = %e, "cannot open a session");
-            return refuse(
-                StatusCode::SERVICE_UNAVAILABLE,
-                -32000,
-                "no room for a new session",
-            );
-        }
+        Err(e) => return session_refused(&e),
     };
     let Some(stream) = handle.new_stream() else {
         handle.close();
@@ -657,7 +663,7 @@ async fn initialize(
     );
     mcp.start_session(session.clone(), SessionTransport::new(session.clone(), rx));
     if session.forward(msgs).await.is_err() {
-        mcp.end_session(handle.id());
+        handle.close();
         return refuse(
             StatusCode::INTERNAL_SERVER_ERROR,
             -32603,
@@ -712,12 +718,9 @@ async fn handle_get(State(mcp): State<RewindMcp>, req: Request) -> Response {
             refuse(status, -32000, r.reason)
         }
         ResumeAction::Replay(replay) => {
-            // The engine replays only the presented session's own ring, so
-            // the presented id is the replay's session.
-            let Some(session) = session_id
-                .and_then(|s| SessionId::parse(s).ok())
-                .and_then(|id| mcp.session(id))
-            else {
+            // The engine replays only the presented session's own events;
+            // the replay names the session it reads.
+            let Some(session) = RewindMcp::mcp_session(replay.session()) else {
                 return with_access(not_found(), access);
             };
             access.session = Some(session.tag());
@@ -738,7 +741,7 @@ async fn handle_get(State(mcp): State<RewindMcp>, req: Request) -> Response {
             session: Some(handle),
             signal,
         } => {
-            let Some(session) = mcp.session(handle.id()) else {
+            let Some(session) = RewindMcp::mcp_session(&handle) else {
                 return with_access(not_found(), access);
             };
             access.session = Some(session.tag());
@@ -786,7 +789,7 @@ async fn handle_delete(State(mcp): State<RewindMcp>, req: Request) -> Response {
                 session: Some(s.tag()),
                 ..Access::default()
             };
-            mcp.end_session(s.handle.id());
+            s.handle.close();
             with_access(StatusCode::NO_CONTENT.into_response(), access)
         }
         Err(r) => r,

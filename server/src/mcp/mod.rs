@@ -107,10 +107,9 @@ mod sse;
 mod stateless;
 mod transport;
 
-use std::collections::HashMap;
 use std::fmt;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, RwLock, Weak};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Weak};
 
 use futures::future::BoxFuture;
 use rewind_engine::{Engine, SessionId};
@@ -163,7 +162,8 @@ struct Inner {
     engine: Engine,
     metrics: Arc<ServerMetrics>,
     options: McpOptions,
-    sessions: RwLock<HashMap<SessionId, Arc<McpSession>>>,
+    /// rmcp services running (one per live MCP session).
+    services: AtomicUsize,
     start: Box<StartService>,
     stateless: Box<ServeStateless>,
     sweeper_started: AtomicBool,
@@ -209,7 +209,7 @@ impl RewindMcp {
                 engine,
                 metrics,
                 options,
-                sessions: RwLock::new(HashMap::new()),
+                services: AtomicUsize::new(0),
                 start: Box::new(start),
                 stateless,
                 sweeper_started: AtomicBool::new(false),
@@ -238,83 +238,57 @@ impl RewindMcp {
         &self.inner.options
     }
 
-    /// MCP sessions with a running service.
+    /// MCP sessions with a running rmcp service.
     pub fn sessions_live(&self) -> usize {
-        read(&self.inner.sessions).len()
+        self.inner.services.load(Ordering::Relaxed)
     }
 
-    /// Ends idle-expired engine sessions and stops the services of every
-    /// session that has ended; returns how many services were stopped.
-    /// Runs every [`McpOptions::sweep_interval`] on its own.
+    /// Ends idle-expired engine sessions (their services stop as they
+    /// end); returns how many ended. Runs every
+    /// [`McpOptions::sweep_interval`] on its own.
     pub fn sweep(&self) -> usize {
-        self.inner.engine.sweep();
-        let ended: Vec<Arc<McpSession>> = read(&self.inner.sessions)
-            .values()
-            .filter(|s| s.handle.is_ended())
-            .cloned()
-            .collect();
-        ended.iter().filter(|s| self.end_exactly(s)).count()
+        self.inner.engine.sweep()
     }
 
     /// Ends session `id`: its events are released, its streams end, its
-    /// service stops. Returns whether it was live here.
+    /// service stops. Returns whether it was live.
     pub fn end_session(&self, id: SessionId) -> bool {
-        let removed = write(&self.inner.sessions).remove(&id);
-        Self::stop(removed)
+        self.inner.engine.close(id)
     }
 
-    /// Ends `session` if it is still the one registered under its id (a
-    /// re-initialised session has a new one that must live on).
-    fn end_exactly(&self, session: &Arc<McpSession>) -> bool {
-        let id = session.handle.id();
-        let removed = {
-            let mut map = write(&self.inner.sessions);
-            match map.get(&id) {
-                Some(s) if Arc::ptr_eq(s, session) => map.remove(&id),
-                _ => None,
-            }
-        };
-        // Whatever the map says, this incarnation is over.
-        session.handle.close();
-        session.service_ct.cancel();
-        Self::stop(removed)
-    }
-
-    fn stop(removed: Option<Arc<McpSession>>) -> bool {
-        match removed {
-            Some(s) => {
-                s.handle.close();
-                s.service_ct.cancel();
-                true
-            }
-            None => false,
-        }
-    }
-
-    /// The live session `id` (also counts as activity for the engine TTL).
+    /// The live MCP session `id` (also counts as activity for the engine
+    /// TTL): the engine's session, and the MCP session attached to it.
     fn session(&self, id: SessionId) -> Option<Arc<McpSession>> {
-        let s = read(&self.inner.sessions).get(&id).cloned()?;
-        if self.inner.engine.session(id).is_none() || s.handle.is_ended() {
-            self.end_exactly(&s);
-            return None;
-        }
-        Some(s)
+        let handle = self.inner.engine.session(id)?;
+        Self::mcp_session(&handle)
     }
 
-    /// Registers a new session and starts its service.
+    /// The MCP session of a live engine session.
+    pub(crate) fn mcp_session(handle: &rewind_engine::SessionHandle) -> Option<Arc<McpSession>> {
+        let s = handle.attachment::<McpSession>()?;
+        (!s.handle.is_ended()).then_some(s)
+    }
+
+    /// Attaches a new MCP session to its engine session and starts its
+    /// service. The service's transport holds the session; the engine
+    /// holds it weakly and stops the service when the session ends.
     fn start_session(&self, session: Arc<McpSession>, transport: SessionTransport) {
-        let id = session.handle.id();
+        let weak: Weak<McpSession> = Arc::downgrade(&session);
+        session.handle.attach(weak);
         let ct = session.service_ct.clone();
-        let mine = Arc::downgrade(&session);
-        write(&self.inner.sessions).insert(id, session);
+        let handle = session.handle.clone();
+        drop(session);
         let run = (self.inner.start)(transport, ct);
+        self.inner.services.fetch_add(1, Ordering::Relaxed);
         let this = Arc::downgrade(&self.inner);
         tokio::spawn(async move {
             run.await;
             // The service is gone (stopped, or it failed to initialise): the
-            // session cannot answer anything more.
-            if let (Some(inner), Some(session)) = (this.upgrade(), mine.upgrade()) {
-                RewindMcp { inner }.end_exactly(&session);
+            // session cannot answer anything more. Only this incarnation
+            // ends; a re-initialised session under the same id lives on.
+            handle.close();
+            if let Some(inner) = this.upgrade() {
+                inner.services.fetch_sub(1, Ordering::Relaxed);
             }
         });
         self.start_sweeper();
@@ -361,12 +335,4 @@ where
     F: Fn() -> H + Send + Sync + 'static,
 {
     RewindMcp::new(engine, metrics, options, factory).router()
-}
-
-fn read<T>(l: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
-    l.read().unwrap_or_else(|e| e.into_inner())
-}
-
-fn write<T>(l: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
-    l.write().unwrap_or_else(|e| e.into_inner())
 }

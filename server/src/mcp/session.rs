@@ -28,7 +28,9 @@ use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use rewind_engine::{EventId, Replay, ReplayError, SessionHandle};
+use rewind_engine::{
+    Attachment, CallGuard, EndReason, EventId, Replay, ReplayError, SessionHandle,
+};
 use rmcp::model::{
     ClientJsonRpcMessage, GetExtensions, GetMeta, JsonRpcNotification, ProgressToken, RequestId,
     ServerJsonRpcMessage, ServerNotification,
@@ -104,6 +106,9 @@ struct Pending {
     /// answered with one JSON body that cannot carry them.
     side: u32,
     progress: Option<ProgressToken>,
+    /// Keeps the engine from evicting the session while the request runs
+    /// (a tool still streaming to a client that is between connections).
+    _call: CallGuard,
 }
 
 /// Which stream each in-flight request (and its progress token) belongs to,
@@ -199,6 +204,22 @@ impl Routes {
     }
 }
 
+impl Attachment for McpSession {
+    fn ended(&self, why: EndReason) {
+        tracing::debug!(
+            session = format_args!("{:016x}", self.tag()),
+            ?why,
+            "MCP session ended"
+        );
+        self.service_ct.cancel();
+        let kicks: Vec<_> = lock(&self.kicks).drain().map(|(_, t)| t).collect();
+        for t in kicks {
+            t.cancel();
+        }
+        self.stream_closed.notify(usize::MAX);
+    }
+}
+
 /// Why a POST's requests could not be registered.
 #[derive(Debug)]
 pub(crate) enum RegisterError {
@@ -207,6 +228,12 @@ pub(crate) enum RegisterError {
 }
 
 /// One live MCP session.
+///
+/// The engine session keeps it as its [`Attachment`] (weakly: the rmcp
+/// service's transport holds it strongly while the service runs), so the
+/// engine's session table is the only one: a lookup by id is an engine
+/// lookup, and however the engine session ends (closed, expired, evicted)
+/// [`Attachment::ended`] stops the service and ends its responses.
 pub(crate) struct McpSession {
     pub(crate) handle: SessionHandle,
     pub(crate) principal: Option<String>,
@@ -293,6 +320,7 @@ impl McpSession {
                         stream,
                         side,
                         progress,
+                        _call: self.handle.begin_call(),
                     },
                 );
                 let extensions = r.request.extensions_mut();

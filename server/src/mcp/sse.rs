@@ -90,6 +90,8 @@ pub(crate) struct SseReader {
     /// The stream is closed: deliver what is left, then end.
     draining: bool,
     done: bool,
+    /// Where the last gap notice moved this reader, until it reads again.
+    last_gap: Option<u64>,
 }
 
 impl SseReader {
@@ -116,6 +118,7 @@ impl SseReader {
             replayed: resumed.then_some(0),
             draining: false,
             done: false,
+            last_gap: None,
         }
     }
 
@@ -141,6 +144,7 @@ impl SseReader {
             .next_into(&mut self.replay, &self.kick, &mut self.buf)
         {
             Ok(Some(id)) => {
+                self.last_gap = None;
                 if let Some(n) = &mut self.replayed {
                     *n += 1;
                 }
@@ -152,6 +156,18 @@ impl SseReader {
                 // with the same `gap` a resume from here would get, then go
                 // on from the oldest event still held.
                 let oldest = self.replay.skip_gap();
+                if self.last_gap == Some(oldest) {
+                    // Lagged again at the same place with nothing read in
+                    // between: the engine cannot position this reader.
+                    // End the response (the client resumes) rather than
+                    // repeat the same notice.
+                    tracing::warn!(
+                        oldest,
+                        "a reader lagged twice at the same event; ending its response"
+                    );
+                    return Some(Err(ReplayError::SessionEnded));
+                }
+                self.last_gap = Some(oldest);
                 let oldest = EventId {
                     seq: oldest,
                     ..after
