@@ -1,4 +1,4 @@
-//! Rewind engine: session-scoped replay rings with epoch-tagged cursors.
+//! Rewind engine: session-scoped replay from one shared segment pool, with epoch-tagged cursors.
 //!
 //! Servers that stream over SSE keep recent events per session so that a
 //! client reconnecting with `Last-Event-ID` can pick up where it left off.

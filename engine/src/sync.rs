@@ -1,8 +1,8 @@
-//! The only path to atomics, fences and spin hints for the ring protocol.
+//! The only path to atomics, fences and spin hints for the storage protocols.
 //!
 //! Under `cfg(loom)` these are loom's model-checked versions, so the loom
-//! tests see every atomic access of the ring protocol; otherwise they are
-//! `std`'s. The ring never names `std::sync::atomic` directly. (Counters,
+//! tests see every atomic access of the storage protocols; otherwise they are
+//! `std`'s. The storage layer never names `std::sync::atomic` directly. (Counters,
 //! flags and timestamps elsewhere in the engine order nothing between
 //! threads beyond what their comments say and are not compiled under loom.)
 

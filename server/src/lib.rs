@@ -2,7 +2,7 @@
 //!
 //! An rmcp server keeps its `ServerHandler`; Rewind takes over the HTTP
 //! transport: sessions are engine sessions, every SSE event is stored in the
-//! session's ring before it is sent, and every reconnect (`GET` with
+//! session's retained window (the engine's segment pool) before it is sent, and every reconnect (`GET` with
 //! `Last-Event-ID`) is decided by the engine with the session the client
 //! presents — never by cursor alone. See [`mcp`] for how, and
 //! [`reference::ReferenceServer`] for the server `rewind serve` runs.

@@ -7,8 +7,10 @@ use std::collections::BTreeSet;
 use std::path::PathBuf;
 
 use rewind_engine::Config;
+use rewind_server::mcp::McpOptions;
 use rewind_server::settings::{
-    EngineFileSettings, FileSettings, ServeArgs, Settings, DEFAULT_ADMIN_LISTEN, DEFAULT_LISTEN,
+    EngineFileSettings, FileSettings, HttpFileSettings, LogFormat, ServeArgs, Settings,
+    DEFAULT_ADMIN_LISTEN, DEFAULT_LISTEN,
 };
 use serde_aux::serde_introspection::serde_introspect;
 
@@ -67,6 +69,13 @@ fn the_sample_loads_and_as_it_stands_is_the_defaults() {
     assert_eq!(settings.admin_listen.to_string(), DEFAULT_ADMIN_LISTEN);
     assert!(settings.admin_token.is_none());
     assert!(settings.policy.is_none() && settings.policy_dir.is_none());
+    assert_eq!(settings.log_format, LogFormat::default());
+    let http = McpOptions::default();
+    assert!(settings.http.allowed_hosts.is_none() && settings.http.allowed_origins.is_none());
+    assert_eq!(settings.http.cors, http.cors);
+    assert_eq!(settings.http.json_response, http.json_response);
+    assert_eq!(settings.http.max_body_bytes, http.max_body_bytes);
+    assert_eq!(settings.http.max_header_bytes, http.max_header_bytes);
     assert_eq!(settings.engine.session_events, defaults.session_events);
     assert_eq!(settings.engine.session_bytes, defaults.session_bytes);
     assert_eq!(settings.engine.global_bytes, defaults.global_bytes);
@@ -115,6 +124,11 @@ fn the_sample_shows_every_key_the_loader_accepts() {
         serde_introspect::<EngineFileSettings>()
             .iter()
             .map(|k| format!("engine.{k}")),
+    );
+    accepted.extend(
+        serde_introspect::<HttpFileSettings>()
+            .iter()
+            .map(|k| format!("http.{k}")),
     );
     assert!(accepted.len() >= 11, "introspection found {accepted:?}");
     assert_eq!(keys_shown(), accepted);

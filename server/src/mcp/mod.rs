@@ -57,7 +57,7 @@
 //!   delivered on two connections at once.
 //! - **Early close.** [`McpOptions::close_post_streams_after_priming`], or a
 //!   tool calling [`SseStream::close`], ends the HTTP response while the
-//!   stream stays open; whatever the tool sends afterwards is in the ring
+//!   stream stays open; whatever the tool sends afterwards is stored
 //!   and a `GET` with the last id delivers it.
 //! - **Stateless MCP (2026-07-28).** That revision removes protocol
 //!   sessions: no `initialize` (clients use `server/discover`), no
@@ -95,10 +95,9 @@
 //!   milliseconds to the response head), and the HTTP metrics of
 //!   [`ServerMetrics`](crate::metrics::ServerMetrics).
 //!
-//! A single message is one engine event: it must fit the session's ring
-//! (`Config::session_bytes`; an event larger than the ring's largest
-//! payload is answered with an internal error for its request, never
-//! truncated).
+//! A single message is one engine event of at most
+//! `Config::max_event_bytes` (32 MiB − 1 KiB by default); a larger one is
+//! answered with an internal error for its request, never truncated.
 
 mod http;
 mod options;

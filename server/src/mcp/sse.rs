@@ -3,11 +3,11 @@
 //! A response starts with its opening frames (a `reset`/`gap` signal when
 //! the engine asked for one, then the priming event: the reader's position
 //! as `id`, empty `data`, and the `retry` hint), then delivers every event
-//! of its stream from the ring — replayed and live alike, by the same
+//! of its stream from the engine — replayed and live alike, by the same
 //! `next_into` loop — until one of:
 //!
 //! - the stream is a request stream that is no longer open (its responses
-//!   are in the ring) and the reader has caught up;
+//!   are stored) and the reader has caught up;
 //! - the session ended and everything before the end was delivered;
 //! - a tool closed the stream ([`SseStream::close`](super::SseStream::close))
 //!   or the server closes POST streams after priming: the client resumes;

@@ -3,11 +3,11 @@
 //! rmcp runs the MCP protocol (initialize, dispatch, cancellation, the
 //! handler); this transport is its only way in and out. Inbound messages
 //! come from the HTTP handlers through a channel; every outbound message is
-//! appended to the engine ring of the session — on the one stream the
+//! appended to the session's events in the engine — on the one stream the
 //! session's routing table names — *before* any HTTP response sees it. The
 //! append happens synchronously inside [`Transport::send`], which rmcp calls
 //! in the order the messages were produced, so per-request order (progress
-//! 1..n, then the result) is the order of the ring.
+//! 1..n, then the result) is the order the session stores them in.
 
 use std::convert::Infallible;
 use std::future::Future;

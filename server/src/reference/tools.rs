@@ -149,7 +149,7 @@ impl ReferenceServer {
             stream.close();
         }
         // Answer after the client noticed the close, so the result is
-        // produced while nobody listens: only the ring keeps it.
+        // produced while nobody listens: only the session's stored events keep it.
         tokio::time::sleep(Duration::from_millis(100)).await;
         text("Reconnection test completed")
     }
