@@ -44,5 +44,5 @@ pub mod policy_store;
 pub mod reference;
 pub mod settings;
 
-/// The reference server under its earlier name ([`reference`]).
+/// The reference server under its earlier name ([`mod@reference`]).
 pub use reference as tools;

@@ -117,7 +117,7 @@ pub struct ServeArgs {
         value_delimiter = ','
     )]
     pub allowed_hosts: Option<Vec<String>>,
-    /// Exact browser origins accepted (scheme://host[:port]), comma-separated [default: an origin's host must pass --allowed-hosts]
+    /// Exact browser origins accepted (`scheme://host[:port]`), comma-separated [default: an origin's host must pass --allowed-hosts]
     #[arg(
         long,
         env = "REWIND_ALLOWED_ORIGINS",

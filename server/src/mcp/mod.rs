@@ -23,7 +23,7 @@
 //!   position, empty data, `retry`), then every event of that stream,
 //!   ending once the responses are delivered. POSTs with only
 //!   notifications or responses get 202. Outgoing messages are routed to
-//!   exactly one stream ([`session`]) and appended to the session's retained window before any
+//!   exactly one stream (by request id and progress token) and appended to the session's retained window before any
 //!   response sees them. Every request (and notification) carries the
 //!   HTTP request's `http::request::Parts` and its [`SseStream`] in its
 //!   extensions, so tools take `Extension<http::request::Parts>` as with
@@ -93,7 +93,7 @@
 //!   `rewind::access`: method, status, session *tag* — the public first
 //!   field of its event ids, never the session id —, stream, verdict,
 //!   milliseconds to the response head), and the HTTP metrics of
-//!   [`ServerMetrics`](crate::metrics::ServerMetrics).
+//!   [`ServerMetrics`].
 //!
 //! A single message is one engine event of at most
 //! `Config::max_event_bytes` (32 MiB − 1 KiB by default); a larger one is
