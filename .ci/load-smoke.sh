@@ -39,7 +39,7 @@ finish() {
 if [ -n "${REWIND_BIN:-}" ]; then
     BIN=$REWIND_BIN
 else
-    BIN=$ROOT/target/debug/rewind
+    BIN=${CARGO_TARGET_DIR:-$ROOT/target}/debug/rewind
     if ! timeout 2400 cargo build -p rewind-server --bin rewind >"$WORK/build.log" 2>&1; then
         echo "FAIL build: cargo build -p rewind-server --bin rewind"
         tail -n 30 "$WORK/build.log"
