@@ -50,14 +50,24 @@ pub(crate) fn signal_frame(signal: &Signal, retry: Duration) -> Bytes {
 /// One stored event as SSE bytes: `id:`, then one `data:` line per line
 /// of the payload.
 pub fn event_frame(id: EventId, payload: &[u8]) -> Bytes {
-    let mut out = Vec::with_capacity(payload.len() + 64);
-    out.extend_from_slice(format!("id: {id}\n").as_bytes());
-    // Payloads are compact JSON (no newlines); split anyway so a stray
-    // newline can never end the event early or forge a field.
-    for line in payload.split(|&b| b == b'\n') {
+    use std::io::Write as _;
+    fn data_line(out: &mut Vec<u8>, line: &[u8]) {
         out.extend_from_slice(b"data: ");
         out.extend_from_slice(line.strip_suffix(b"\r").unwrap_or(line));
         out.push(b'\n');
+    }
+    let mut out = Vec::with_capacity(payload.len() + 64);
+    // Writing into a Vec cannot fail.
+    let _ = writeln!(out, "id: {id}");
+    // Payloads are compact JSON (no newlines): one `data:` line, found with
+    // one vectorised scan. Split anyway when there is a newline, so a stray
+    // one can never end the event early or forge a field.
+    if payload.contains(&b'\n') {
+        for line in payload.split(|&b| b == b'\n') {
+            data_line(&mut out, line);
+        }
+    } else {
+        data_line(&mut out, payload);
     }
     out.push(b'\n');
     Bytes::from(out)
@@ -312,5 +322,39 @@ impl Drop for SseReader {
         }
         self.metrics.sse_stream(false);
         self.session.forget_kick(self.replay.stream());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::event_frame;
+    use rewind_engine::{Config, Engine};
+
+    fn an_id() -> rewind_engine::EventId {
+        let engine = Engine::new(Config::default()).expect("engine");
+        let session = engine.open(None).expect("session");
+        let stream = session.new_stream().expect("stream");
+        session.append(stream, b"{}").expect("append")
+    }
+
+    #[test]
+    fn a_payload_without_newlines_is_one_data_line() {
+        let id = an_id();
+        let frame = event_frame(id, br#"{"a":1}"#);
+        assert_eq!(
+            &frame[..],
+            format!("id: {id}\ndata: {{\"a\":1}}\n\n").as_bytes()
+        );
+    }
+
+    #[test]
+    fn every_line_of_a_payload_is_its_own_data_line_so_no_field_is_forged() {
+        let id = an_id();
+        let frame = event_frame(id, b"one\r\nevent: forged\n\nid: 9\n");
+        assert_eq!(
+            &frame[..],
+            format!("id: {id}\ndata: one\ndata: event: forged\ndata: \ndata: id: 9\ndata: \n\n")
+                .as_bytes()
+        );
     }
 }
