@@ -24,51 +24,16 @@
 //!
 //! Run: `cargo bench -p rewind-benches --bench scale`.
 
-use std::alloc::{GlobalAlloc, Layout, System};
 use std::hint::black_box;
-use std::sync::atomic::{AtomicIsize, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
+use rewind_benches::alloc::{live_bytes, Counting};
 use rewind_benches::payload;
 use rewind_engine::policy::wasm::PolicyHost;
 use rewind_engine::{Config, Engine, EventId, ResumeAction, ResumeRequest, SessionHandle};
-
-struct Counting;
-
-static LIVE: AtomicIsize = AtomicIsize::new(0);
-
-// SAFETY: forwards to the system allocator unchanged; only counts bytes.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        LIVE.fetch_add(layout.size() as isize, Ordering::Relaxed);
-        // SAFETY: the caller's layout contract is passed on unchanged.
-        unsafe { System.alloc(layout) }
-    }
-
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        LIVE.fetch_add(layout.size() as isize, Ordering::Relaxed);
-        // SAFETY: as for `alloc`.
-        unsafe { System.alloc_zeroed(layout) }
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        LIVE.fetch_sub(layout.size() as isize, Ordering::Relaxed);
-        // SAFETY: `ptr` was allocated above with this layout.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        LIVE.fetch_add(
-            new_size as isize - layout.size() as isize,
-            Ordering::Relaxed,
-        );
-        // SAFETY: `ptr` was allocated above with `layout`; the caller
-        // guarantees `new_size` is valid for it.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
 
 #[global_allocator]
 static ALLOC: Counting = Counting;
@@ -141,7 +106,7 @@ struct Population {
 }
 
 fn populate(sizes: &Sizes, n: usize, policy: Option<Arc<PolicyHost>>) -> Population {
-    let before = LIVE.load(Ordering::Relaxed);
+    let before = live_bytes();
     let engine = sizes.engine(n, policy);
     let event = payload(EVENT_BYTES);
     let mut handles = Vec::with_capacity(n);
@@ -156,7 +121,7 @@ fn populate(sizes: &Sizes, n: usize, policy: Option<Arc<PolicyHost>>) -> Populat
         streams.push(s);
         handles.push(h);
     }
-    let heap_bytes = LIVE.load(Ordering::Relaxed) - before;
+    let heap_bytes = live_bytes() - before;
     Population {
         engine,
         handles,
@@ -172,13 +137,13 @@ fn idle_bytes(sizes: &Sizes) -> f64 {
     let engine = sizes.engine(n, None);
     let warm: Vec<_> = (0..64).map(|_| engine.open(None).expect("open")).collect();
     drop(warm);
-    let before = LIVE.load(Ordering::Relaxed);
+    let before = live_bytes();
     let mut ids = Vec::with_capacity(n);
     let ids_bytes = (n * std::mem::size_of::<rewind_engine::SessionId>()) as isize;
     for _ in 0..n {
         ids.push(engine.open(None).expect("open").id());
     }
-    let total = (LIVE.load(Ordering::Relaxed) - before - ids_bytes) as f64 / n as f64;
+    let total = (live_bytes() - before - ids_bytes) as f64 / n as f64;
     black_box(&ids);
     total
 }

@@ -21,6 +21,7 @@
 //! baseline's favour (pre-parsed cursors, filter before sort, …); each store's
 //! docs say how.
 
+pub mod alloc;
 pub mod bodies;
 pub mod scale;
 pub mod stores;

@@ -19,7 +19,7 @@
 //! principal pointer, timestamps, its [`Window`] — two packed segment
 //! references and a unit count —, counters, the waiter list pointer and the
 //! attachment), its `Arc` header and its registry entry. A session with no
-//! events holds no pool memory at all; `engine/tests/memory.rs` measures
+//! events holds no pool memory at all; `benches/tests/memory.rs` measures
 //! the total with a counting allocator.
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
