@@ -39,19 +39,10 @@ if [ -n "${INTEROP_SCENARIOS:-}" ]; then read -r -a SCENARIOS <<<"$INTEROP_SCENA
 export NO_COLOR=1 npm_config_update_notifier=false npm_config_fund=false npm_config_audit=false
 
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/rewind-interop.XXXXXX")
-SERVER_PID=""
+# shellcheck source=lib.sh
+. "$ROOT/.ci/lib.sh"
 PASSED=0
 FAILED=0
-
-stop_server() {
-    if [ -n "$SERVER_PID" ] && kill -0 "$SERVER_PID" 2>/dev/null; then
-        kill -TERM "$SERVER_PID" 2>/dev/null
-        for _ in $(seq 1 50); do kill -0 "$SERVER_PID" 2>/dev/null || break; sleep 0.1; done
-        kill -KILL "$SERVER_PID" 2>/dev/null
-        wait "$SERVER_PID" 2>/dev/null
-    fi
-    SERVER_PID=""
-}
 cleanup() {
     stop_server
     if [ -n "${INTEROP_KEEP:-}" ]; then echo "interop: logs kept in $WORK"; else rm -rf "$WORK"; fi
@@ -71,26 +62,6 @@ finish() {
 }
 # Indented tail of a log, for failures.
 show() { echo "    --- last lines of $1:"; tail -n "${2:-40}" "$1" | sed -e 's/\x1b\[[0-9;]*m//g' -e 's/^/    | /'; }
-
-# Free loopback ports, chosen by the kernel (released just before use).
-free_ports() {
-    node -e '
-        const net = require("net"); const n = +process.argv[1]; const ss = []; const ports = [];
-        const next = () => { if (ports.length === n) { ss.forEach(s => s.close()); console.log(ports.join(" ")); return; }
-            const s = net.createServer(); ss.push(s);
-            s.listen(0, "127.0.0.1", () => { ports.push(s.address().port); next(); }); };
-        next();' "$1"
-}
-
-wait_port() { # PORT PID SECONDS
-    local i
-    for i in $(seq 1 $(($3 * 10))); do
-        if ! kill -0 "$2" 2>/dev/null; then return 2; fi
-        if (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; then return 0; fi
-        sleep 0.1
-    done
-    return 1
-}
 
 # --- the binary ----------------------------------------------------------------
 step "build rewind (cargo build -p rewind-server --bin rewind)"

@@ -13,19 +13,10 @@ T0=$(date +%s)
 DURATION=${LOAD_SMOKE_DURATION:-3s}
 PROFILES=(throughput resume storm adversarial soak mixed idle)
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/rewind-load-smoke.XXXXXX")
-SERVER_PID=""
+# shellcheck source=lib.sh
+. "$ROOT/.ci/lib.sh"
 PASSED=0
 FAILED=0
-
-stop_server() {
-    if [ -n "$SERVER_PID" ] && kill -0 "$SERVER_PID" 2>/dev/null; then
-        kill -TERM "$SERVER_PID" 2>/dev/null
-        for _ in $(seq 1 50); do kill -0 "$SERVER_PID" 2>/dev/null || break; sleep 0.1; done
-        kill -KILL "$SERVER_PID" 2>/dev/null
-        wait "$SERVER_PID" 2>/dev/null
-    fi
-    SERVER_PID=""
-}
 trap 'stop_server; rm -rf "$WORK"' EXIT
 trap 'exit 130' INT TERM
 
@@ -48,18 +39,10 @@ else
     fi
 fi
 
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'; }
-PORT=$(free_port)
-ADMIN=$(free_port)
+read -r PORT ADMIN <<<"$(free_ports 2)"
 "$BIN" serve --listen "127.0.0.1:$PORT" --admin-listen "127.0.0.1:$ADMIN" >"$WORK/server.log" 2>&1 &
 SERVER_PID=$!
-up=""
-for _ in $(seq 1 300); do
-    kill -0 "$SERVER_PID" 2>/dev/null || break
-    if (exec 3<>"/dev/tcp/127.0.0.1/$PORT") 2>/dev/null; then up=1; break; fi
-    sleep 0.1
-done
-if [ -z "$up" ]; then
+if ! wait_port "$PORT" "$SERVER_PID" 30; then
     echo "FAIL server: rewind serve did not listen on 127.0.0.1:$PORT"
     tail -n 30 "$WORK/server.log"
     FAILED=1

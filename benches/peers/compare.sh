@@ -89,28 +89,8 @@ if needs python; then
 fi
 PEER_BIN=$PEERS_DIR/target/release
 
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'; }
-
-wait_port() { # PORT PID SECONDS
-    local i
-    for i in $(seq 1 $(($3 * 10))); do
-        kill -0 "$2" 2>/dev/null || return 2
-        (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0
-        sleep 0.1
-    done
-    return 1
-}
-
-SERVER_PID=""
-stop_server() {
-    if [ -n "$SERVER_PID" ] && kill -0 "$SERVER_PID" 2>/dev/null; then
-        kill -TERM "$SERVER_PID" 2>/dev/null
-        for _ in $(seq 1 50); do kill -0 "$SERVER_PID" 2>/dev/null || break; sleep 0.1; done
-        kill -KILL "$SERVER_PID" 2>/dev/null
-        wait "$SERVER_PID" 2>/dev/null
-    fi
-    SERVER_PID=""
-}
+# shellcheck source=../../.ci/lib.sh
+. "$ROOT/.ci/lib.sh"
 trap stop_server EXIT
 trap 'exit 130' INT TERM
 
