@@ -87,12 +87,19 @@ impl fmt::Debug for Replay {
 
 impl Replay {
     pub(crate) fn new(handle: SessionHandle, stream: u32, after: u64) -> Replay {
+        let cursor = handle.session.window.cursor_after(after);
+        Replay::at(handle, stream, cursor)
+    }
+
+    /// A reader whose next event is the one `cursor` reads (a cursor the
+    /// resume decision already placed in the window).
+    pub(crate) fn at(handle: SessionHandle, stream: u32, cursor: Cursor) -> Replay {
         handle.session.busy.fetch_add(1, Ordering::Relaxed);
         Replay {
-            cursor: handle.session.window.cursor_after(after),
+            position: cursor.seq - 1,
+            cursor,
             handle,
             stream,
-            position: after,
             unreported: (0, 0),
         }
     }

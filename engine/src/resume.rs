@@ -26,6 +26,7 @@ use crate::policy::{clamp, PolicyFault};
 use crate::replay::Replay;
 use crate::session::Session;
 use crate::shared::Shared;
+use crate::storage::Cursor;
 
 /// What a reconnecting client presented.
 #[derive(Debug, Clone, Copy, Default)]
@@ -171,6 +172,9 @@ struct Classified {
     facts: ResumeFacts,
     session: Option<Arc<Session>>,
     cursor: Option<EventId>,
+    /// Where the window holds the cursor's event, found while classifying,
+    /// so the replay starts there instead of walking the chain again.
+    placed: Option<Cursor>,
 }
 
 impl Engine {
@@ -225,11 +229,12 @@ impl Shared {
         facts.max_resume_age_ms = self.config.max_resume_age.map_or(0, |d| {
             u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
         });
+        let mut placed = None;
         let cursor_fact = match (cursor, &session) {
             (None, _) => CursorFact::Absent,
             (Some(Err(_)), _) => CursorFact::Malformed,
             (Some(Ok(_)), None) => CursorFact::Unchecked,
-            (Some(Ok(c)), Some(s)) => classify_cursor(self, s, c, now, &mut facts),
+            (Some(Ok(c)), Some(s)) => classify_cursor(self, s, c, now, &mut facts, &mut placed),
         };
         if let Some(s) = &session {
             s.touch(now);
@@ -239,6 +244,7 @@ impl Shared {
             facts: facts.with_safe_set(),
             session,
             cursor: parsed,
+            placed,
         }
     }
 
@@ -267,14 +273,16 @@ impl Shared {
                 // The clamp admits Resume only for a live session and an
                 // in-window cursor, so both are present. The session's Arc
                 // moves into the reader.
-                (Some(session), Some(cur)) => ResumeAction::Replay(Replay::new(
-                    SessionHandle {
+                (Some(session), Some(cur)) => {
+                    let handle = SessionHandle {
                         session,
                         shared: self.clone(),
-                    },
-                    cur.stream,
-                    cur.seq,
-                )),
+                    };
+                    ResumeAction::Replay(match c.placed {
+                        Some(at) if at.seq == cur.seq + 1 => Replay::at(handle, cur.stream, at),
+                        _ => Replay::new(handle, cur.stream, cur.seq),
+                    })
+                }
                 _ => unreachable!("Resume outside the safe set"),
             },
             Verdict::Fresh => ResumeAction::Fresh {
@@ -305,6 +313,7 @@ fn classify_cursor(
     c: EventId,
     now: u64,
     facts: &mut ResumeFacts,
+    placed: &mut Option<Cursor>,
 ) -> CursorFact {
     let pool = &shared.pool;
     let high_water = s.window.high_water(pool);
@@ -325,9 +334,9 @@ fn classify_cursor(
     facts.cursor_age_ms = if c.seq == 0 {
         now.saturating_sub(s.opened_ms)
     } else {
-        s.window
-            .appended_ms(pool, s.owner(), c.seq)
-            .map_or(UNKNOWN, |ms| now.saturating_sub(ms))
+        let (appended, at) = s.window.locate_after(pool, s.owner(), c.seq);
+        *placed = appended.is_some().then_some(at);
+        appended.map_or(UNKNOWN, |ms| now.saturating_sub(ms))
     };
     // In window iff the first event after the cursor is still held (or
     // not appended yet).

@@ -105,8 +105,72 @@ fn frames_round_trip_across_word_boundaries_and_segments() {
     assert_eq!(read_all(&w, &p, A, 0, None), want);
     // From the middle: the table finds the frame.
     assert_eq!(read_all(&w, &p, A, 37, None), want[37..]);
-    assert_eq!(w.appended_ms(&p, A, 41), Some(410));
+    assert_eq!(w.locate_after(&p, A, 41).0, Some(410));
     assert!(w.held_units() > 1, "the chain grew past one segment");
+}
+
+/// Reads everything from `c` on (a cursor the test placed).
+fn read_from(w: &Window, p: &Pool, c: &mut Cursor) -> Result<Vec<(u64, Vec<u8>)>, u64> {
+    let mut out = Vec::new();
+    let mut buf = Vec::new();
+    loop {
+        match w.read(p, A, c, None, &mut buf) {
+            Read::Event(m) => out.push((m.seq, buf.clone())),
+            Read::Pending | Read::Ended => return Ok(out),
+            Read::Lagged { missing } => return Err(missing),
+        }
+    }
+}
+
+#[test]
+fn a_cursor_placed_by_locate_after_reads_what_a_fresh_walk_reads() {
+    // Small segments (one or two units, a few frames each): positions at
+    // a segment's first and last frame, where reading on crosses a seal.
+    let p = pool(256, 1);
+    let w = Window::new();
+    let k = Retention {
+        max_events: 1 << 20,
+        max_bytes: 1 << 20,
+        first_class: 0,
+        grow_class: 1,
+    };
+    let mut want = Vec::new();
+    for seq in 1..=90u64 {
+        let body = payload(seq, 20 + (seq as usize % 3) * 9);
+        assert_eq!(w.append(&p, A, &k, 1, seq * 10, &body, 0), Ok(seq));
+        want.push((seq, body));
+    }
+    assert!(w.held_units() > 10, "{} units", w.held_units());
+    for after in 1..=90u64 {
+        let (ms, mut c) = w.locate_after(&p, A, after);
+        assert_eq!(ms, Some(after * 10), "time of frame {after}");
+        assert_eq!(c.seq, after + 1);
+        assert_eq!(
+            read_from(&w, &p, &mut c),
+            Ok(want[after as usize..].to_vec()),
+            "after {after}"
+        );
+    }
+    // Placed at the head, then more is appended: the cursor reads it.
+    let (_, mut c) = w.locate_after(&p, A, 90);
+    for seq in 91..=120u64 {
+        let body = payload(seq, 24);
+        assert_eq!(w.append(&p, A, &k, 1, seq * 10, &body, 0), Ok(seq));
+        want.push((seq, body));
+    }
+    assert_eq!(read_from(&w, &p, &mut c), Ok(want[90..].to_vec()));
+    // Another owner's cursor is never placed.
+    assert_eq!(w.locate_after(&p, B, 5).0, None);
+    // Placed, then its segment is released before the read: it lags
+    // rather than reading the reused memory.
+    let (_, mut c) = w.locate_after(&p, A, 3);
+    let tight = Retention { max_events: 4, ..k };
+    for seq in 121..=200u64 {
+        w.append(&p, A, &tight, 1, 0, &payload(seq, 24), 0).unwrap();
+    }
+    assert!(w.oldest_retained(&p) > 4);
+    assert_eq!(read_from(&w, &p, &mut c), Err(4));
+    w.close(&p);
 }
 
 #[test]

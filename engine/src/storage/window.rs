@@ -534,21 +534,51 @@ impl Window {
         }
     }
 
-    /// The engine clock when frame `seq` was appended, if it is held.
-    pub(crate) fn appended_ms(&self, pool: &Pool, owner: Owner, seq: u64) -> Option<u64> {
-        let mut cursor = Cursor { seq, at: None };
+    /// When frame `seq` was appended (if it is held), and a cursor whose
+    /// first read returns the frame after it. The cursor already points at
+    /// the segment holding `seq`, so reading on does not walk the chain a
+    /// second time (a resume asks for both). If that segment is released
+    /// before the read, the read validates its stamp and reports `Lagged`,
+    /// as a fresh walk would.
+    pub(crate) fn locate_after(
+        &self,
+        pool: &Pool,
+        owner: Owner,
+        seq: u64,
+    ) -> (Option<u64>, Cursor) {
+        let unplaced = self.cursor_after(seq);
         let Locate::At(pos) = self.locate(pool, owner, seq) else {
-            return None;
+            return (None, unplaced);
         };
-        cursor.at = Some(pos);
-        let pos = cursor.at.as_mut()?;
         let segment = pool.segment(pos.seg.unit, pos.class);
         let index = (seq - pos.first_seq) as u32;
-        let offset = frame_offset(segment, pos.seg.stamp, index, pos.offset)? as usize;
-        mark_len(segment[offset].load(Ordering::Acquire), pos.seg.stamp)?;
-        let ms = segment[offset + 2].load(Ordering::Relaxed);
+        let Some(offset) = frame_offset(segment, pos.seg.stamp, index, pos.offset) else {
+            return (None, unplaced);
+        };
+        if mark_len(
+            segment[offset as usize].load(Ordering::Acquire),
+            pos.seg.stamp,
+        )
+        .is_none()
+        {
+            return (None, unplaced);
+        }
+        let ms = segment[offset as usize + 2].load(Ordering::Relaxed);
         fence(Ordering::Acquire);
-        (pool.stamp_now(pos.seg.unit, Ordering::Relaxed) == pos.seg.stamp).then_some(ms)
+        if pool.stamp_now(pos.seg.unit, Ordering::Relaxed) != pos.seg.stamp {
+            return (None, unplaced);
+        }
+        // Frame `seq + 1` is the next one in this segment, or the first of
+        // its successor: `read` finds it from the table (offset unknown) or
+        // follows the seal's link when `seq` was the segment's last frame.
+        let cursor = Cursor {
+            seq: seq + 1,
+            at: Some(Pos {
+                offset: UNKNOWN,
+                ..pos
+            }),
+        };
+        (Some(ms), cursor)
     }
 
     /// Reads the next frame of `stream` (or of any stream) at `cursor`,
