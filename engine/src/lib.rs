@@ -76,7 +76,7 @@ pub use crate::{
         CursorFact, NativePolicy, Policy, PolicyAnswer, PolicyFault, ResumeFacts, SessionFact,
         Verdict,
     },
-    replay::{Replay, ReplayError},
+    replay::{Batch, Replay, ReplayError},
     resume::{Rejection, ResumeAction, ResumeDecision, ResumeRequest, Signal, SignalKind},
     session::{Attachment, EndReason, Waiter},
     shared::OpenError,

@@ -76,9 +76,40 @@ struct Pos {
     /// Frames in the segment once it is known to be sealed; `UNKNOWN`
     /// before.
     sealed_count: u32,
+    /// Frames the reader has already seen claimed in this segment (the
+    /// count of its last state load). Claims only grow within an
+    /// allocation, so frames below it need no state load: their mark and
+    /// the stamp check after the copy prove them (a sequential reader of a
+    /// segment loads the shared, writer-contended state word once, not once
+    /// per event).
+    known: u32,
 }
 
 const UNKNOWN: u32 = u32::MAX;
+
+impl Pos {
+    /// At frame `seq` of `seg`, whose header is `h`: its offset is known
+    /// only for the segment's first frame (else read from the table).
+    fn at(seg: SegRef, h: &SegmentHeader, seq: u64) -> Pos {
+        let mut pos = Pos::start(seg, h);
+        if seq != h.first_seq {
+            pos.offset = UNKNOWN;
+        }
+        pos
+    }
+
+    /// At the first frame of `seg`, whose header is `h`.
+    fn start(seg: SegRef, h: &SegmentHeader) -> Pos {
+        Pos {
+            seg,
+            class: h.class(),
+            first_seq: h.first_seq,
+            offset: HEADER_WORDS as u32,
+            sealed_count: UNKNOWN,
+            known: 0,
+        }
+    }
+}
 
 /// Metadata of one frame.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -593,6 +624,64 @@ impl Window {
         buf: &mut Vec<u8>,
     ) -> Read {
         buf.clear();
+        if let Some(event) = read_placed(pool, cursor, stream, buf) {
+            return Read::Event(event);
+        }
+        self.read_slow(pool, owner, cursor, stream, buf)
+    }
+
+    /// Reads the frames of `stream` at `cursor` that are ready, appending
+    /// each payload to `buf` and `(seq, buf.len() after it)` to `ends`,
+    /// until `ends` holds `max_events` or `buf` at least `max_bytes`
+    /// (then `None`: more may be ready) or a read finds no event (then
+    /// what it found: pending, lagged or ended).
+    ///
+    /// The frames of one segment are copied in one loop whose stamp is
+    /// validated once for the whole run, with no per-event call or result:
+    /// this is what makes a replay copy-bound. A run whose stamp changed is
+    /// taken back (`buf` and `ends` truncated) and read again by the
+    /// general path, which reports it as lost.
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "the reader's state and its two output buffers, once per batch"
+    )]
+    pub(crate) fn read_many(
+        &self,
+        pool: &Pool,
+        owner: Owner,
+        cursor: &mut Cursor,
+        stream: u32,
+        buf: &mut Vec<u8>,
+        ends: &mut Vec<(u64, u32)>,
+        max_events: usize,
+        max_bytes: usize,
+    ) -> Option<Read> {
+        loop {
+            if ends.len() >= max_events || buf.len() >= max_bytes {
+                return None;
+            }
+            if run_placed(pool, cursor, stream, buf, ends, max_events, max_bytes) {
+                continue;
+            }
+            match self.read_slow(pool, owner, cursor, Some(stream), buf) {
+                Read::Event(event) => ends.push((event.seq, buf.len() as u32)),
+                other => return Some(other),
+            }
+        }
+    }
+
+    /// The general case of a read: places the cursor, follows seals, and
+    /// tells pending, lagged and ended apart. Appends the payload to `buf`;
+    /// on anything but an event `buf` is as it was.
+    fn read_slow(
+        &self,
+        pool: &Pool,
+        owner: Owner,
+        cursor: &mut Cursor,
+        stream: Option<u32>,
+        buf: &mut Vec<u8>,
+    ) -> Read {
+        let base = buf.len();
         loop {
             let mut pos = match cursor.at {
                 Some(pos) => pos,
@@ -608,56 +697,55 @@ impl Window {
                 },
             };
             let index = (cursor.seq - pos.first_seq) as u32;
-            let state = State::decode(
-                pool.state(pos.seg.unit).load(Ordering::Acquire),
-                pos.seg.stamp,
-            );
-            let count = match state {
-                None => return self.lost(cursor),
-                Some(State::Open { count, .. } | State::Last { count, .. }) => count,
-                Some(State::Next { next }) => {
-                    if pos.sealed_count == UNKNOWN {
-                        let n = SegRef {
-                            unit: next,
-                            stamp: pool.stamp_now(next, Ordering::Acquire),
-                        };
-                        match read_header(pool, n) {
-                            Some(h) if h.owner_epoch == owner.epoch && h.prev == pos.seg.pack() => {
-                                pos.sealed_count = (h.first_seq - pos.first_seq) as u32;
+            if index >= pos.known {
+                let state = State::decode(
+                    pool.state(pos.seg.unit).load(Ordering::Acquire),
+                    pos.seg.stamp,
+                );
+                let count = match state {
+                    None => return self.lost(cursor),
+                    Some(State::Open { count, .. } | State::Last { count, .. }) => count,
+                    Some(State::Next { next }) => {
+                        if pos.sealed_count == UNKNOWN {
+                            let n = SegRef {
+                                unit: next,
+                                stamp: pool.stamp_now(next, Ordering::Acquire),
+                            };
+                            match read_header(pool, n) {
+                                Some(h)
+                                    if h.owner_epoch == owner.epoch && h.prev == pos.seg.pack() =>
+                                {
+                                    pos.sealed_count = (h.first_seq - pos.first_seq) as u32;
+                                }
+                                _ => return self.lost(cursor),
                             }
-                            _ => return self.lost(cursor),
+                        }
+                        pos.sealed_count
+                    }
+                };
+                if index >= count {
+                    match state {
+                        Some(State::Next { next }) if index == count => {
+                            let n = SegRef {
+                                unit: next,
+                                stamp: pool.stamp_now(next, Ordering::Acquire),
+                            };
+                            match read_header(pool, n) {
+                                Some(h) if is_owner(&h, owner) && h.prev == pos.seg.pack() => {
+                                    cursor.at = Some(Pos::start(n, &h));
+                                    continue;
+                                }
+                                _ => return self.lost(cursor),
+                            }
+                        }
+                        Some(State::Last { .. }) => return Read::Ended,
+                        _ => {
+                            cursor.at = Some(pos);
+                            return Read::Pending;
                         }
                     }
-                    pos.sealed_count
                 }
-            };
-            if index >= count {
-                match state {
-                    Some(State::Next { next }) if index == count => {
-                        let n = SegRef {
-                            unit: next,
-                            stamp: pool.stamp_now(next, Ordering::Acquire),
-                        };
-                        match read_header(pool, n) {
-                            Some(h) if is_owner(&h, owner) && h.prev == pos.seg.pack() => {
-                                cursor.at = Some(Pos {
-                                    seg: n,
-                                    class: h.class(),
-                                    first_seq: h.first_seq,
-                                    offset: HEADER_WORDS as u32,
-                                    sealed_count: UNKNOWN,
-                                });
-                                continue;
-                            }
-                            _ => return self.lost(cursor),
-                        }
-                    }
-                    Some(State::Last { .. }) => return Read::Ended,
-                    _ => {
-                        cursor.at = Some(pos);
-                        return Read::Pending;
-                    }
-                }
+                pos.known = count;
             }
             let segment = pool.segment(pos.seg.unit, pos.class);
             let Some(offset) = frame_offset(segment, pos.seg.stamp, index, pos.offset) else {
@@ -693,7 +781,7 @@ impl Window {
             // word above came from a later owner, the stamp has changed.
             fence(Ordering::Acquire);
             if pool.stamp_now(pos.seg.unit, Ordering::Relaxed) != pos.seg.stamp {
-                buf.clear();
+                buf.truncate(base);
                 return self.lost(cursor);
             }
             let seq = cursor.seq;
@@ -723,58 +811,102 @@ impl Window {
         }
     }
 
-    /// Finds the segment holding `seq` (or where `seq` will be appended),
-    /// walking back from the head.
+    /// Finds the segment holding `seq` (or where `seq` will be appended):
+    /// the head if `seq` is in it, else by walking the chain from whichever
+    /// end is nearer in sequence numbers (back from the head along the
+    /// back links, or forward from the oldest along the seals' links).
+    /// Each step reads one segment header.
     fn locate(&self, pool: &Pool, owner: Owner, seq: u64) -> Locate {
         let head_word = self.head.load(Ordering::Acquire);
         if head_word == CLOSED {
             return Locate::Ended;
         }
-        let Some(mut seg) = SegRef::unpack(head_word) else {
+        let Some(head) = SegRef::unpack(head_word) else {
             return Locate::NotYet;
         };
-        // Each valid link leads to an older segment (a first sequence
-        // number no higher), and a chain holds at most one segment per
-        // pool unit, so a walk longer than that met a stale link. The walk
-        // is as long as the retained chain (retention bounds it); a cursor
-        // older than the oldest segment is refused up front rather than
-        // after walking all of it.
+        let Some(head_header) = read_header(pool, head) else {
+            return Locate::Gone;
+        };
+        if !is_owner(&head_header, owner) {
+            return Locate::Gone;
+        }
+        if seq >= head_header.first_seq {
+            return Locate::At(Pos::at(head, &head_header, seq));
+        }
+        // A cursor older than the oldest segment is refused up front rather
+        // than after walking the whole chain.
         if let Some(oldest) = SegRef::unpack(self.oldest.load(Ordering::Acquire)) {
             if let Some(h) = read_header(pool, oldest) {
-                if is_owner(&h, owner) && seq < h.first_seq {
-                    return Locate::Gone;
+                if is_owner(&h, owner) {
+                    if seq < h.first_seq {
+                        return Locate::Gone;
+                    }
+                    if seq - h.first_seq < head_header.first_seq - seq {
+                        return walk_forward(pool, owner, seq, oldest, h);
+                    }
                 }
             }
         }
-        let mut above = u64::MAX;
+        // Each valid link leads to an older segment (a first sequence
+        // number no higher), and a chain holds at most one segment per
+        // pool unit, so a walk longer than that met a stale link.
+        let mut above = head_header.first_seq;
+        let mut link = head_header.prev;
         for _ in 0..=pool.shape().units {
+            let Some(seg) = SegRef::unpack(link) else {
+                return Locate::Gone;
+            };
             let Some(header) = read_header(pool, seg) else {
                 return Locate::Gone;
             };
             if !is_owner(&header, owner) || header.first_seq > above {
                 return Locate::Gone;
             }
-            above = header.first_seq;
             if seq >= header.first_seq {
-                return Locate::At(Pos {
-                    seg,
-                    class: header.class(),
-                    first_seq: header.first_seq,
-                    offset: if seq == header.first_seq {
-                        HEADER_WORDS as u32
-                    } else {
-                        UNKNOWN
-                    },
-                    sealed_count: UNKNOWN,
-                });
+                return Locate::At(Pos::at(seg, &header, seq));
             }
-            let Some(prev) = SegRef::unpack(header.prev) else {
-                return Locate::Gone;
-            };
-            seg = prev;
+            above = header.first_seq;
+            link = header.prev;
         }
         Locate::Gone
     }
+}
+
+/// [`Window::locate`] from the oldest end: follows the seals' forward links
+/// from `seg` (whose header `h` has `first_seq <= seq`) until the next
+/// segment starts after `seq`.
+fn walk_forward(
+    pool: &Pool,
+    owner: Owner,
+    seq: u64,
+    mut seg: SegRef,
+    mut h: SegmentHeader,
+) -> Locate {
+    for _ in 0..=pool.shape().units {
+        let next = match State::decode(pool.state(seg.unit).load(Ordering::Acquire), seg.stamp) {
+            None => return Locate::Gone,
+            // Not sealed: the chain ends here, and so does `seq`'s search.
+            Some(State::Open { .. } | State::Last { .. }) => {
+                return Locate::At(Pos::at(seg, &h, seq))
+            }
+            Some(State::Next { next }) => next,
+        };
+        let n = SegRef {
+            unit: next,
+            stamp: pool.stamp_now(next, Ordering::Acquire),
+        };
+        let Some(nh) = read_header(pool, n) else {
+            return Locate::Gone;
+        };
+        if !is_owner(&nh, owner) || nh.prev != seg.pack() || nh.first_seq < h.first_seq {
+            return Locate::Gone;
+        }
+        if seq < nh.first_seq {
+            return Locate::At(Pos::at(seg, &h, seq));
+        }
+        (seg, h) = (n, nh);
+    }
+    Locate::Gone
 }
 
 enum Locate {
@@ -925,6 +1057,131 @@ fn write_frame(
     segment[at].store(mark(stamp, payload.len() as u32), Ordering::Release);
 }
 
+/// The common case of [`Window::read`], kept small so it stays in
+/// registers: the cursor is placed in a segment at a known offset, below
+/// the claims it has already seen there, and the frame is published. Any
+/// other case — offset or claims unknown, frame not published, stamp
+/// changed — returns `None` and the caller takes the general path, which
+/// re-checks from the state word (and reports a changed stamp as lost).
+///
+/// Per event: the mark load (Acquire), the meta and time loads, the copy,
+/// `fence(Acquire)` and the stamp load. No RMW, no store to shared memory.
+#[inline]
+fn read_placed(
+    pool: &Pool,
+    cursor: &mut Cursor,
+    stream: Option<u32>,
+    buf: &mut Vec<u8>,
+) -> Option<FrameMeta> {
+    let Cursor { seq, at } = cursor;
+    let pos = at.as_mut()?;
+    let base = buf.len();
+    let segment = pool.segment(pos.seg.unit, pos.class);
+    loop {
+        let index = (*seq - pos.first_seq) as u32;
+        if pos.offset == UNKNOWN || index >= pos.known {
+            return None;
+        }
+        let at = pos.offset as usize;
+        // Acquire pairs with the appender's Release of the mark.
+        let len = mark_len(segment.get(at)?.load(Ordering::Acquire), pos.seg.stamp)? as usize;
+        let start = at + FRAME_HEADER_WORDS;
+        let end = start + len.div_ceil(WORD_BYTES);
+        if end > segment.len() - (index as usize + 1) {
+            return None;
+        }
+        let frame_stream = (segment[at + 1].load(Ordering::Relaxed) >> 32) as u32;
+        let appended_ms = segment[at + 2].load(Ordering::Relaxed);
+        let wanted = stream.is_none_or(|s| s == frame_stream);
+        if wanted {
+            copy_out(&segment[start..end], len, buf);
+        }
+        // As in `Window::read`: a word from a later owner shows as a
+        // changed stamp after this fence.
+        fence(Ordering::Acquire);
+        if pool.stamp_now(pos.seg.unit, Ordering::Relaxed) != pos.seg.stamp {
+            buf.truncate(base);
+            return None;
+        }
+        let this = *seq;
+        *seq += 1;
+        pos.offset = end as u32;
+        if wanted {
+            return Some(FrameMeta {
+                seq: this,
+                stream: frame_stream,
+                appended_ms,
+                len,
+            });
+        }
+    }
+}
+
+/// The run of [`Window::read_many`]: frames of the cursor's placed segment
+/// below the claims already seen, while published and within the limits.
+/// Returns whether it moved the cursor.
+///
+/// Per frame: the mark load (Acquire), the meta load, the copy and a push.
+/// Per run: `fence(Acquire)` and one stamp load.
+fn run_placed(
+    pool: &Pool,
+    cursor: &mut Cursor,
+    stream: u32,
+    buf: &mut Vec<u8>,
+    ends: &mut Vec<(u64, u32)>,
+    max_events: usize,
+    max_bytes: usize,
+) -> bool {
+    let Cursor { seq, at } = cursor;
+    let Some(pos) = at.as_mut() else {
+        return false;
+    };
+    if pos.offset == UNKNOWN {
+        return false;
+    }
+    let segment = pool.segment(pos.seg.unit, pos.class);
+    let (buf_base, ends_base) = (buf.len(), ends.len());
+    let known_end = pos.first_seq + u64::from(pos.known);
+    let mut next = *seq;
+    let mut at = pos.offset as usize;
+    while next < known_end && ends.len() < max_events && buf.len() < max_bytes {
+        let Some(mark) = segment.get(at) else {
+            break;
+        };
+        // Acquire pairs with the appender's Release of the mark.
+        let Some(len) = mark_len(mark.load(Ordering::Acquire), pos.seg.stamp) else {
+            break;
+        };
+        let len = len as usize;
+        let start = at + FRAME_HEADER_WORDS;
+        let end = start + len.div_ceil(WORD_BYTES);
+        let index = (next - pos.first_seq) as usize;
+        if end > segment.len() - (index + 1) {
+            break;
+        }
+        if (segment[at + 1].load(Ordering::Relaxed) >> 32) as u32 == stream {
+            copy_out(&segment[start..end], len, buf);
+            ends.push((next, buf.len() as u32));
+        }
+        next += 1;
+        at = end;
+    }
+    if next == *seq {
+        return false;
+    }
+    // As in `Window::read`, once for the run: a word from a later owner
+    // shows as a changed stamp after this fence.
+    fence(Ordering::Acquire);
+    if pool.stamp_now(pos.seg.unit, Ordering::Relaxed) != pos.seg.stamp {
+        buf.truncate(buf_base);
+        ends.truncate(ends_base);
+        return false;
+    }
+    *seq = next;
+    pos.offset = at as u32;
+    true
+}
+
 /// Whether all `count` frames of `seg` are published.
 fn all_published(pool: &Pool, seg: SegRef, class: u8, count: u32) -> bool {
     let segment = pool.segment(seg.unit, class);
@@ -935,20 +1192,24 @@ fn all_published(pool: &Pool, seg: SegRef, class: u8, count: u32) -> bool {
     })
 }
 
-/// Copies `len` payload bytes out of `words` into `buf`'s spare capacity,
-/// a word at a time.
+/// Appends `len` payload bytes out of `words` to `buf`, a word at a time
+/// into its spare capacity (no zeroing first).
 fn copy_out(words: &[AtomicU64], len: usize, buf: &mut Vec<u8>) {
     let n = words.len();
+    let old = buf.len();
     buf.reserve(n * WORD_BYTES);
     let spare = &mut buf.spare_capacity_mut()[..n * WORD_BYTES];
-    for (dst, word) in spare.chunks_exact_mut(WORD_BYTES).zip(words) {
+    let dst = spare.as_mut_ptr().cast::<[u8; WORD_BYTES]>();
+    for (i, word) in words.iter().enumerate() {
         let bytes = word.load(Ordering::Relaxed).to_le_bytes();
-        for (d, b) in dst.iter_mut().zip(bytes) {
-            d.write(b);
-        }
+        // SAFETY: `spare` is `n * WORD_BYTES` bytes long and `i < n`, so
+        // the eight bytes at `i * WORD_BYTES` are inside it; the write is
+        // unaligned-safe and `MaybeUninit<u8>` may be written as bytes.
+        unsafe { dst.add(i).write_unaligned(bytes) };
     }
     debug_assert!(len <= n * WORD_BYTES);
     // SAFETY: the loop initialised the first `n * WORD_BYTES >= len` bytes
-    // of the spare capacity, which `reserve` made at least that long.
-    unsafe { buf.set_len(len) };
+    // of the spare capacity, which `reserve` made at least that long, so
+    // the first `old + len` bytes of the vector are initialised.
+    unsafe { buf.set_len(old + len) };
 }
