@@ -13,8 +13,8 @@ use rewind_benches::bodies::{self, CursorWalk};
 use rewind_benches::scale::{selected, Scale};
 use rewind_benches::stores::BASELINE_EVENTS_PER_SESSION;
 use rewind_benches::{
-    payload, AppendStore, BroadcastPerSession, FloorStore, GoStyleStore, ReplayStore, RewindStore,
-    ScanSortStore, SharedMutexStore,
+    payload, AppendStore, BroadcastPerSession, FloorStore, GoStyleStore, ReplayStore,
+    RewindPerEventStore, RewindStore, ScanSortStore, SharedMutexStore,
 };
 
 /// Payload of the append, replay and resume groups.
@@ -138,6 +138,17 @@ fn replay_and_resume(c: &mut Criterion, scale: &Scale) {
     };
     // Rewind: 64-slot rings, 8 KiB of payload per session.
     replay_store(c, scale, RewindStore::new(64), &full);
+    // The same engine read one event per call: what batching saves.
+    replay_store(
+        c,
+        scale,
+        RewindPerEventStore(RewindStore::new(64)),
+        &Plan {
+            contended: false,
+            resume: false,
+            ..full
+        },
+    );
     replay_store(
         c,
         scale,

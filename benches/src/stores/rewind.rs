@@ -2,7 +2,9 @@
 
 use std::hint::black_box;
 
-use rewind_engine::{Config, Engine, ResumeAction, ResumeRequest, SessionHandle};
+use std::cell::RefCell;
+
+use rewind_engine::{Batch, Config, Engine, ResumeAction, ResumeRequest, SessionHandle};
 
 use crate::{AppendStore, ReplayStore};
 
@@ -98,8 +100,77 @@ impl ReplayStore for RewindStore {
         w.handle.close();
     }
 
-    fn replay_after(&self, cursor: &RewindCursor, buf: &mut Vec<u8>) -> usize {
+    /// Replays the way the server does: whole batches (`next_batch`), each
+    /// payload copied once into the batch's buffer.
+    fn replay_after(&self, cursor: &RewindCursor, _buf: &mut Vec<u8>) -> usize {
         let ResumeAction::Replay(mut replay) = self.engine.resume(Self::request(cursor)).action
+        else {
+            return 0;
+        };
+        BATCH.with_borrow_mut(|batch| {
+            let mut n = 0;
+            while let Ok(k) = replay.next_batch(batch, usize::MAX, usize::MAX) {
+                if k == 0 {
+                    break;
+                }
+                for event in batch.iter() {
+                    black_box(event);
+                }
+                n += k;
+            }
+            n
+        })
+    }
+
+    fn resume_first(&self, cursor: &RewindCursor, buf: &mut Vec<u8>) -> bool {
+        let ResumeAction::Replay(mut replay) = self.engine.resume(Self::request(cursor)).action
+        else {
+            return false;
+        };
+        matches!(replay.next_into(buf), Ok(Some(id)) if { black_box((id, &*buf)); true })
+    }
+}
+
+thread_local! {
+    /// The batch each bench thread replays into (a server keeps one per
+    /// stream).
+    static BATCH: RefCell<Batch> = RefCell::new(Batch::new());
+}
+
+/// Rewind replaying one event per call (`next_into`), for comparison with
+/// the batched reads of [`RewindStore`]: the cost a caller pays per event
+/// when it does not batch.
+#[derive(Debug, Default)]
+pub struct RewindPerEventStore(pub RewindStore);
+
+impl AppendStore for RewindPerEventStore {
+    type Writer = RewindWriter;
+    const NAME: &'static str = "RewindPerEvent";
+
+    fn open(&self) -> RewindWriter {
+        self.0.open()
+    }
+
+    #[inline]
+    fn append(&self, w: &mut RewindWriter, payload: &[u8]) {
+        self.0.append(w, payload);
+    }
+}
+
+impl ReplayStore for RewindPerEventStore {
+    type Cursor = RewindCursor;
+
+    fn append_for_cursor(&self, w: &mut RewindWriter, payload: &[u8]) -> RewindCursor {
+        self.0.append_for_cursor(w, payload)
+    }
+
+    fn close(&self, w: RewindWriter) {
+        self.0.close(w);
+    }
+
+    fn replay_after(&self, cursor: &RewindCursor, buf: &mut Vec<u8>) -> usize {
+        let ResumeAction::Replay(mut replay) =
+            self.0.engine.resume(RewindStore::request(cursor)).action
         else {
             return 0;
         };
@@ -112,10 +183,6 @@ impl ReplayStore for RewindStore {
     }
 
     fn resume_first(&self, cursor: &RewindCursor, buf: &mut Vec<u8>) -> bool {
-        let ResumeAction::Replay(mut replay) = self.engine.resume(Self::request(cursor)).action
-        else {
-            return false;
-        };
-        matches!(replay.next_into(buf), Ok(Some(id)) if { black_box((id, &*buf)); true })
+        self.0.resume_first(cursor, buf)
     }
 }
