@@ -50,13 +50,20 @@ pub(crate) fn signal_frame(signal: &Signal, retry: Duration) -> Bytes {
 /// One stored event as SSE bytes: `id:`, then one `data:` line per line
 /// of the payload.
 pub fn event_frame(id: EventId, payload: &[u8]) -> Bytes {
+    let mut out = Vec::with_capacity(payload.len() + 64);
+    write_event_frame(&mut out, id, payload);
+    Bytes::from(out)
+}
+
+/// [`event_frame`], appended to `out`.
+pub(crate) fn write_event_frame(out: &mut Vec<u8>, id: EventId, payload: &[u8]) {
     use std::io::Write as _;
     fn data_line(out: &mut Vec<u8>, line: &[u8]) {
         out.extend_from_slice(b"data: ");
         out.extend_from_slice(line.strip_suffix(b"\r").unwrap_or(line));
         out.push(b'\n');
     }
-    let mut out = Vec::with_capacity(payload.len() + 64);
+    out.reserve(payload.len() + 64);
     // Writing into a Vec cannot fail.
     let _ = writeln!(out, "id: {id}");
     // Payloads are compact JSON (no newlines): one `data:` line, found with
@@ -64,16 +71,28 @@ pub fn event_frame(id: EventId, payload: &[u8]) -> Bytes {
     // one can never end the event early or forge a field.
     if payload.contains(&b'\n') {
         for line in payload.split(|&b| b == b'\n') {
-            data_line(&mut out, line);
+            data_line(out, line);
         }
     } else {
-        data_line(&mut out, payload);
+        data_line(out, payload);
     }
     out.push(b'\n');
-    Bytes::from(out)
 }
 
+/// Events already stored when a reader wakes go out as one body chunk (one
+/// write, one wake-up of the connection task) up to these bounds, so a
+/// burst costs one syscall instead of one per event while a chunk never
+/// holds back more than this much.
+const COALESCE_EVENTS: usize = 64;
+const COALESCE_BYTES: usize = 64 * 1024;
+
 const KEEP_ALIVE: &[u8] = b": keep-alive\n\n";
+
+/// A `gap` notice sent mid-stream to a reader that fell behind: the same
+/// body a resume from its position would get.
+fn gap_frame(json: &str) -> String {
+    format!("event: gap\ndata: {json}\n\n")
+}
 
 /// What ends a response besides the end of its stream.
 #[derive(Debug, Clone)]
@@ -192,7 +211,7 @@ impl SseReader {
     fn frame(&self, item: Item) -> Bytes {
         match item {
             Item::Event(id) => event_frame(id, &self.buf),
-            Item::Gap(json) => Bytes::from(format!("event: gap\ndata: {json}\n\n")),
+            Item::Gap(json) => Bytes::from(gap_frame(&json)),
             Item::KeepAlive => Bytes::from_static(KEEP_ALIVE),
         }
     }
@@ -201,8 +220,32 @@ impl SseReader {
         if let Some(f) = self.opening.pop() {
             return Some(f);
         }
-        let item = self.next_item().await?;
-        Some(self.frame(item))
+        let id = match self.next_item().await? {
+            Item::Event(id) => id,
+            // Gaps and keep-alives go out on their own.
+            other => return Some(self.frame(other)),
+        };
+        // An event: add every further event that is already stored, up to
+        // the bounds, to the same chunk. What stops the batch (caught up,
+        // a gap, the end) is met again by the next call, which reads on
+        // from the same position.
+        let mut out = Vec::with_capacity(self.buf.len() + 64);
+        write_event_frame(&mut out, id, &self.buf);
+        let mut events = 1;
+        while events < COALESCE_EVENTS && out.len() < COALESCE_BYTES {
+            match self.try_next() {
+                Some(Ok(Item::Event(id))) => {
+                    write_event_frame(&mut out, id, &self.buf);
+                    events += 1;
+                }
+                Some(Ok(Item::Gap(json))) => {
+                    out.extend_from_slice(gap_frame(&json).as_bytes());
+                    break;
+                }
+                Some(Ok(Item::KeepAlive)) | Some(Err(_)) | None => break,
+            }
+        }
+        Some(Bytes::from(out))
     }
 
     /// The next event of the stream (payload in `self.buf`), a gap, or a
