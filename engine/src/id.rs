@@ -371,11 +371,7 @@ fn parse_fast(b: &[u8]) -> Option<EventId> {
     if b.len() > EVENT_ID_INPUT_LIMIT || b.len() < 22 {
         return None;
     }
-    const _: () = assert!(EVENT_ID_INPUT_LIMIT <= 64);
-    let mut dashes = 0u64;
-    for (i, &c) in b.iter().enumerate() {
-        dashes |= u64::from(c == b'-') << i;
-    }
+    let dashes = dash_mask(b);
     // The tag is exactly 16 digits, then a separator.
     if dashes & 0x1_ffff != 1 << 16 {
         return None;
@@ -408,6 +404,40 @@ fn parse_fast(b: &[u8]) -> Option<EventId> {
         stream: field(b, epoch_to + 1, stream_to, 8)? as u32,
         seq: field(b, stream_to + 1, b.len(), 16)?,
     })
+}
+
+/// Bit `i` set iff `b[i] == b'-'`, eight bytes at a time. `b` is at most
+/// 64 bytes long.
+#[inline]
+fn dash_mask(b: &[u8]) -> u64 {
+    const _: () = assert!(EVENT_ID_INPUT_LIMIT <= 64);
+    let mut mask = 0;
+    let mut chunks = b.chunks_exact(8);
+    let mut at = 0;
+    for chunk in &mut chunks {
+        let word: [u8; 8] = chunk.try_into().expect("chunks_exact");
+        mask |= dashes_in(u64::from_le_bytes(word)) << at;
+        at += 8;
+    }
+    let rest = chunks.remainder();
+    if !rest.is_empty() {
+        let mut word = [0u8; 8];
+        word[..rest.len()].copy_from_slice(rest);
+        mask |= dashes_in(u64::from_le_bytes(word)) << at;
+    }
+    mask
+}
+
+/// Bit `i` set iff byte `i` of `x` is `-` (exact: no false positives).
+#[inline]
+fn dashes_in(x: u64) -> u64 {
+    const LOW7: u64 = 0x7f7f_7f7f_7f7f_7f7f;
+    let y = x ^ 0x2d2d_2d2d_2d2d_2d2d;
+    // High bit of a byte set iff that byte of `y` is zero (no carries
+    // between bytes: each sum stays below 0x100).
+    let zero = !(((y & LOW7) + LOW7) | y | LOW7);
+    // Gather the eight high bits into one byte.
+    ((zero >> 7).wrapping_mul(0x0102_0408_1020_4080)) >> 56
 }
 
 /// The canonical field `b[from..to]` of at most `max` digits (no leading
@@ -654,6 +684,25 @@ mod tests {
         };
         assert_eq!(noded.to_string(), "9f3a0c12b4e5d6f7-3-5f1e2d3c4b5a6-2-1a");
         assert_eq!(EventId::parse(&noded.to_string()), Ok(noded));
+    }
+
+    #[test]
+    fn dash_masks_mark_exactly_the_dashes() {
+        for len in 0..=64 {
+            for seed in 0..40u64 {
+                let b: Vec<u8> = (0..len)
+                    .map(|i| {
+                        let r = (seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> (i % 60)) as u8;
+                        [b'-', b'0', b'a', 0x2c, 0x2e, 0xad, r][(r as usize + i) % 7]
+                    })
+                    .collect();
+                let want = b
+                    .iter()
+                    .enumerate()
+                    .fold(0u64, |m, (i, &c)| m | u64::from(c == b'-') << i);
+                assert_eq!(dash_mask(&b), want, "{b:?}");
+            }
+        }
     }
 
     #[test]
