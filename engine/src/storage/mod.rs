@@ -52,9 +52,21 @@
 //! bytes may belong to a later owner: `Lagged`, and the copy is discarded.
 //! Within one allocation nothing is ever overwritten, so a frame whose mark
 //! was acquired and whose stamp held is exactly what its writer wrote. A
-//! cursor is positioned by walking back from the head along the back links
-//! (chains are short), then `table[index]` gives the frame's offset in
-//! O(1); a sequential reader just adds the frame's length.
+//! cursor is positioned from whichever end of the chain is nearer (back
+//! from the head along the back links, or forward from the oldest along
+//! the seals' links; chains are short), then `table[index]` gives the
+//! frame's offset in O(1); a sequential reader just adds the frame's
+//! length.
+//!
+//! Cost of a read, no RMW and no store to shared memory in any case: a
+//! placed reader loads the segment's state word only when it passes the
+//! claims it saw at its last load (a reader of a busy session does not
+//! keep pulling the line every appender writes); per frame one `Acquire`
+//! mark load, the meta and time loads and the payload copy; then
+//! `fence(Acquire)` and the stamp load — once per frame for a single read
+//! (`Replay::next_into`), once per run of frames in one segment for a
+//! batch (`Replay::next_batch`), whose run is taken back whole if the
+//! stamp changed.
 //!
 //! Every segment header names its owner session (tag and epoch); a reader
 //! refuses a segment whose header names another, so a reader of session A
