@@ -110,6 +110,8 @@ pub(crate) mod backing;
 pub(crate) mod freelist;
 pub(crate) mod layout;
 pub(crate) mod pool;
+#[cfg(not(loom))]
+pub(crate) mod recover;
 pub(crate) mod window;
 
 #[cfg(all(test, loom))]
