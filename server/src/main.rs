@@ -44,6 +44,7 @@ fn main() -> ExitCode {
         ),
         Some(Command::Policy(command)) => cli::run_policy(command).map_err(Into::into),
         Some(Command::Demo) => demo::run(),
+        Some(Command::Data(command)) => cli::run_data(command).map_err(Into::into),
         Some(Command::Load(args)) => return rewind_load::main(args),
     };
     match result {

@@ -173,10 +173,15 @@ fn restore(
             }
         }
     }
-    // Every chain starts at a candidate nothing points to; keep the one
-    // that reaches furthest.
-    let mut best: Option<(u64, Vec<usize>)> = None;
-    for root in (0..candidates.len()).filter(|&i| !pointed[i]) {
+    // Every chain starts at a candidate nothing points to and that names no
+    // candidate as its predecessor (one that does is a spare an appender
+    // prepared and lost: the segment it names was sealed to another, or not
+    // at all). Keep the chain that reaches furthest, the longer on a tie.
+    let packs: std::collections::HashSet<u64> = candidates.iter().map(|c| c.seg.pack()).collect();
+    let mut best: Option<((u64, usize), Vec<usize>)> = None;
+    let roots = (0..candidates.len())
+        .filter(|&i| !pointed[i] && !packs.contains(&candidates[i].header.prev));
+    for root in roots {
         let mut chain = vec![root];
         while let Some(next) = successor[*chain.last().expect("non-empty")] {
             if chain.len() > candidates.len() {
@@ -185,7 +190,10 @@ fn restore(
             chain.push(next);
         }
         let head = &candidates[*chain.last().expect("non-empty")];
-        let reach = head.header.first_seq + u64::from(claimed(pool, head).unwrap_or(0));
+        let reach = (
+            head.header.first_seq + u64::from(claimed(pool, head).unwrap_or(0)),
+            chain.len(),
+        );
         if best.as_ref().is_none_or(|(r, _)| reach > *r) {
             best = Some((reach, chain));
         }
