@@ -21,6 +21,7 @@ fn text(bytes: &[u8]) -> String {
 fn fill(dir: &Path) {
     let mut c = Config::default();
     c.global_bytes = 4 << 20;
+    c.max_event_bytes = 16 * 1024;
     c.data_dir = Some(dir.to_owned());
     let e = Engine::new(c).unwrap();
     let s = e.open(Some("dana")).unwrap();
