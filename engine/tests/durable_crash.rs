@@ -153,7 +153,7 @@ fn sigkilled_appenders_lose_only_unacknowledged_events_and_never_expose_a_torn_o
         });
         // One kill in five lands while the child is still opening (and
         // recovering) the directory; the others during appends.
-        let early = ids.is_empty().then_some(false).unwrap_or(rng.below(5) == 0);
+        let early = !ids.is_empty() && rng.below(5) == 0;
         let mut lines = Vec::new();
         if early {
             early_kills += 1;
