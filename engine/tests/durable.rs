@@ -5,8 +5,8 @@ use std::path::Path;
 
 use rewind_engine::durable::DataDirError;
 use rewind_engine::{
-    Config, ConfigError, Engine, ReplayError, ResumeAction, ResumeRequest, SessionHandle,
-    SessionId, Verdict,
+    Config, ConfigError, Engine, ReplayError, ResumeAction, ResumeRequest, SessionFact,
+    SessionHandle, SessionId, Verdict,
 };
 
 fn config(dir: &Path) -> Config {
@@ -194,6 +194,15 @@ fn appended_events_replay_exactly_once_and_in_order_after_a_reopen() {
         assert_eq!(s.append(0, b"after").unwrap().seq, 201);
     }
     assert!(e.session(closed).is_none(), "a closed session stays closed");
+    let fresh = e.open(None).unwrap();
+    fresh.append(0, b"new").unwrap();
+    let (fid, fcur) = (fresh.id().to_string(), fresh.cursor_now(0).to_string());
+    let f = e.facts(ResumeRequest {
+        session_id: Some(&fid),
+        last_event_id: Some(&fcur),
+        principal: None,
+    });
+    assert_eq!(f.session_fact(), Some(SessionFact::Live));
 
     // A cursor from before the restart resumes on the restored session, for
     // the principal it is bound to only.
@@ -205,6 +214,7 @@ fn appended_events_replay_exactly_once_and_in_order_after_a_reopen() {
         principal: Some("user-2"),
     });
     assert_eq!(d.verdict, Verdict::Resume, "{:?}", d.facts);
+    assert_eq!(d.facts.session_fact(), Some(SessionFact::Restored));
     let ResumeAction::Replay(mut r) = d.action else {
         panic!("expected a replay")
     };

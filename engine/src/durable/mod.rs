@@ -7,12 +7,12 @@
 //!   has the directory open; a second opener is refused
 //!   ([`DataDirError::Locked`]). The lock is what lets the mapping be
 //!   treated as memory only this process writes.
-//! - `pool`: a header page ([`header`]) and then exactly the words a heap
+//! - `pool`: a header page (`header.rs`) and then exactly the words a heap
 //!   pool would hold (stamps, states, segments), mapped shared and
 //!   writable. Appends write into the page cache; a crash of the process
 //!   loses nothing that was written, a crash of the machine loses what was
 //!   not yet written back (see [`SyncPolicy`]).
-//! - `sessions.journal`: the [`journal`] of session incarnations.
+//! - `sessions.journal`: the journal of session incarnations (`journal.rs`).
 //!
 //! Opening a directory takes the lock, validates the header against the
 //! configured pool shape, increments the boot counter (epochs of this boot
@@ -21,7 +21,7 @@
 //! recovers every journaled session's window from the pool's segment
 //! headers (`storage::recover`).
 //!
-//! [`SyncPolicy`]: crate::config::SyncPolicy
+//! [`SyncPolicy`]: crate::SyncPolicy
 
 mod check;
 mod error;
