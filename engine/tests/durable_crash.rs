@@ -20,6 +20,10 @@ use rewind_engine::{Config, Engine, ReplayError, SessionHandle, SessionId};
 
 const CHILD_DIR: &str = "REWIND_CRASH_CHILD_DIR";
 const CHILD_SESSIONS: &str = "REWIND_CRASH_CHILD_SESSIONS";
+/// Writers per session; with more than one, payloads name their writer
+/// (`CHILD_RUN` tells runs apart) instead of their sequence number.
+const CHILD_WRITERS: &str = "REWIND_CRASH_CHILD_WRITERS";
+const CHILD_RUN: &str = "REWIND_CRASH_CHILD_RUN";
 const SESSIONS: usize = 4;
 const ITERATIONS: usize = 60;
 
@@ -39,6 +43,30 @@ fn payload(session: usize, seq: u64) -> Vec<u8> {
     let len = 5 + (seq as usize * 37 + session * 11) % 600;
     let unit = format!("s{session}e{seq}|");
     unit.bytes().cycle().take(len).collect()
+}
+
+/// The payload of writer `writer`'s `n`th append of run `run`.
+fn writer_payload(session: usize, writer: usize, run: usize, n: u64) -> Vec<u8> {
+    let len = 12 + (n as usize * 53 + writer * 7) % 500;
+    let unit = format!("s{session}w{writer}r{run}n{n}|");
+    unit.bytes().cycle().take(len).collect()
+}
+
+/// Who wrote a payload of [`writer_payload`]: `(session, writer, run, n)`.
+fn parse_writer_payload(bytes: &[u8]) -> Option<(usize, usize, usize, u64)> {
+    let text = std::str::from_utf8(bytes).ok()?;
+    let unit = text.split('|').next()?;
+    let rest = unit.strip_prefix('s')?;
+    let (s, rest) = rest.split_once('w')?;
+    let (w, rest) = rest.split_once('r')?;
+    let (r, n) = rest.split_once('n')?;
+    let who = (
+        s.parse().ok()?,
+        w.parse().ok()?,
+        r.parse().ok()?,
+        n.parse().ok()?,
+    );
+    (writer_payload(who.0, who.1, who.2, who.3) == bytes).then_some(who)
 }
 
 /// The child: appends until killed. Runs only when re-executed by the test.
@@ -68,15 +96,29 @@ fn crash_child_appends_until_killed() {
             .collect()
     };
     println!("ready");
+    let writers: usize = std::env::var(CHILD_WRITERS).map_or(1, |w| w.parse().unwrap());
+    let run: usize = std::env::var(CHILD_RUN).map_or(0, |r| r.parse().unwrap());
     std::thread::scope(|scope| {
         for (i, s) in handles.iter().enumerate() {
-            scope.spawn(move || loop {
-                let seq = s.high_water() + 1;
-                let id = s.append(0, &payload(i, seq)).unwrap();
-                assert_eq!(id.seq, seq, "one writer per session");
-                let mut out = std::io::stdout().lock();
-                writeln!(out, "ack {i} {seq}").unwrap();
-            });
+            if writers == 1 {
+                scope.spawn(move || loop {
+                    let seq = s.high_water() + 1;
+                    let id = s.append(0, &payload(i, seq)).unwrap();
+                    assert_eq!(id.seq, seq, "one writer per session");
+                    let mut out = std::io::stdout().lock();
+                    writeln!(out, "ack {i} {seq}").unwrap();
+                });
+                continue;
+            }
+            for w in 0..writers {
+                scope.spawn(move || {
+                    for n in 0.. {
+                        let id = s.append(0, &writer_payload(i, w, run, n)).unwrap();
+                        let mut out = std::io::stdout().lock();
+                        writeln!(out, "ack {i} {} {w} {n}", id.seq).unwrap();
+                    }
+                });
+            }
         }
     });
 }
@@ -137,6 +179,7 @@ fn sigkilled_appenders_lose_only_unacknowledged_events_and_never_expose_a_torn_o
             ])
             .env(CHILD_DIR, dir.path())
             .env(CHILD_SESSIONS, joined.join(","))
+            .env(CHILD_WRITERS, "1")
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()
@@ -251,5 +294,167 @@ fn sigkilled_appenders_lose_only_unacknowledged_events_and_never_expose_a_torn_o
         started.elapsed()
     );
     assert!(total > 0);
+    assert!(started.elapsed() < Duration::from_secs(90));
+}
+
+/// What the parent knows of one session of the concurrent test: every event
+/// it has seen acknowledged or replayed, by sequence number.
+#[derive(Default)]
+struct Known {
+    events: std::collections::BTreeMap<u64, (usize, usize, u64)>,
+    acked: std::collections::BTreeSet<u64>,
+}
+
+#[test]
+fn sigkilled_concurrent_writers_of_one_session_lose_only_unacknowledged_events() {
+    const WRITERS: usize = 2;
+    const RUNS: usize = 40;
+    let dir = tempfile::tempdir().unwrap();
+    let exe = std::env::current_exe().unwrap();
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64
+        | 1;
+    println!("seed {seed}");
+    let mut rng = Rng(seed);
+    let mut ids: Vec<SessionId> = Vec::new();
+    let mut known: Vec<Known> = (0..SESSIONS).map(|_| Known::default()).collect();
+    let mut placeholders = 0usize;
+    let started = Instant::now();
+    for run in 0..RUNS {
+        let joined: Vec<String> = ids.iter().map(|id| id.to_string()).collect();
+        let sessions_env = if ids.is_empty() {
+            String::new()
+        } else {
+            joined.join(",")
+        };
+        let mut child = Command::new(&exe)
+            .args([
+                "--exact",
+                "crash_child_appends_until_killed",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env(CHILD_DIR, dir.path())
+            .env(CHILD_SESSIONS, sessions_env)
+            .env(CHILD_WRITERS, WRITERS.to_string())
+            .env(CHILD_RUN, run.to_string())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let (tx, rx) = mpsc::channel::<String>();
+        let reader = std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let mut lines = Vec::new();
+        loop {
+            let line = rx
+                .recv_timeout(deadline.saturating_duration_since(Instant::now()))
+                .expect("child got ready");
+            let ready = line == "ready";
+            lines.push(line);
+            if ready {
+                break;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(1 + rng.below(25)));
+        child.kill().unwrap();
+        child.wait().unwrap();
+        reader.join().unwrap();
+        lines.extend(rx.try_iter());
+        let mut opened = Vec::new();
+        for line in &lines {
+            let words: Vec<&str> = line.split(' ').collect();
+            match words[..] {
+                ["open", _, id] => opened.push(SessionId::parse(id).unwrap()),
+                ["ack", i, seq, w, n] => {
+                    let i: usize = i.parse().unwrap();
+                    let seq: u64 = seq.parse().unwrap();
+                    let who = (w.parse().unwrap(), run, n.parse().unwrap());
+                    let k = &mut known[i];
+                    assert!(k.acked.insert(seq), "run {run}: seq {seq} acked twice");
+                    assert_eq!(*k.events.entry(seq).or_insert(who), who);
+                }
+                _ => {}
+            }
+        }
+        if ids.is_empty() {
+            ids = opened;
+            assert_eq!(ids.len(), SESSIONS, "the child announced its sessions");
+        }
+
+        let engine = Engine::new(config(dir.path())).expect("reopen after SIGKILL");
+        for (i, id) in ids.iter().enumerate() {
+            let s = engine
+                .session(*id)
+                .unwrap_or_else(|| panic!("run {run}: session {i} is gone"));
+            let events = replay_all(&s);
+            let high = s.high_water();
+            let k = &mut known[i];
+            let max_acked = k.acked.last().copied().unwrap_or(0);
+            assert!(
+                high >= max_acked,
+                "run {run}: session {i} lost its newest acked event"
+            );
+            let first = events.first().map_or(high + 1, |(seq, _)| *seq);
+            assert!(
+                high + 1 - first >= 64.min(high) - (WRITERS as u64 * (run as u64 + 1)).min(64),
+                "run {run}: session {i} keeps too little ({first}..={high})"
+            );
+            let mut last_n = std::collections::HashMap::new();
+            let mut prev = 0;
+            for (seq, bytes) in &events {
+                assert!(*seq > prev, "run {run}: session {i} replays out of order");
+                prev = *seq;
+                let (si, w, r, n) = parse_writer_payload(bytes)
+                    .unwrap_or_else(|| panic!("run {run}: session {i} event {seq} is torn"));
+                assert_eq!(si, i, "run {run}: event {seq} of session {i} is foreign");
+                if let Some(&before) = last_n.get(&(w, r)) {
+                    assert!(
+                        n > before,
+                        "run {run}: writer {w}/{r} out of order or twice"
+                    );
+                }
+                last_n.insert((w, r), n);
+                let who = (w, r, n);
+                assert_eq!(
+                    *k.events.entry(*seq).or_insert(who),
+                    who,
+                    "run {run}: session {i} event {seq} changed"
+                );
+            }
+            let present: std::collections::BTreeSet<u64> =
+                events.iter().map(|(seq, _)| *seq).collect();
+            for seq in first..=high {
+                if !present.contains(&seq) {
+                    assert!(
+                        !k.acked.contains(&seq),
+                        "run {run}: session {i} lost acknowledged event {seq}"
+                    );
+                    assert!(
+                        !k.events.contains_key(&seq),
+                        "run {run}: session {i} lost event {seq} replayed before"
+                    );
+                    placeholders += 1;
+                }
+            }
+            // Replayed once, kept forever: later runs must agree.
+            k.acked.extend(present);
+        }
+        drop(engine);
+    }
+    println!(
+        "{RUNS} kills of {WRITERS} writers per session, {placeholders} unfinished numbers skipped, {:?}",
+        started.elapsed()
+    );
     assert!(started.elapsed() < Duration::from_secs(90));
 }

@@ -9,8 +9,11 @@
 //! frame whose writer died mid-copy has no mark), its length fits the
 //! segment, and the CRC-32 of its payload matches the `check` half of its
 //! meta word (a mark written before the payload reached the device after a
-//! power loss, or a flipped bit, fails it). The first frame of a segment
-//! that fails ends the segment's valid prefix.
+//! power loss, or a flipped bit, fails it).
+//!
+//! A frame without a mark is *unfinished*: its `append` never returned, so
+//! nobody was told it exists. A frame with a mark that fails its check is
+//! *damaged*: it may have been acknowledged and delivered.
 //!
 //! # What proves a chain
 //!
@@ -23,17 +26,21 @@
 //!
 //! Then, walking the chain from its oldest segment:
 //!
-//! - a sealed segment whose valid prefix is shorter than its count (a frame
-//!   claimed and never finished, or damage) cuts the chain: it and every
-//!   older segment are dropped, and readers of what they held get a `gap`;
-//! - the head keeps its valid prefix. Frames after it that carry no mark
-//!   were never acknowledged (an `append` returns after its mark), so their
-//!   sequence numbers are handed out again: the head's state is rewound to
-//!   the prefix and the words after it are zeroed, so no stale mark or table
-//!   entry of the same stamp survives to be read. If the first failing frame
-//!   *has* a mark, it may have been acknowledged: its sequence numbers must
-//!   not be reused, so the head is emptied and restarts after the last
-//!   claimed number, and every older segment is dropped (`gap`).
+//! - an unfinished frame with a readable frame after it (another writer of
+//!   the session went on), or anywhere in a sealed segment, becomes a
+//!   *placeholder*: a frame with a zero payload on the reserved stream
+//!   `u32::MAX`, which no append may name and so no reader of a real stream
+//!   delivers. Its number is skipped; nothing is lost that was acknowledged,
+//!   and no reader stalls behind the hole;
+//! - unfinished frames at the end of the head are dropped: the head's state
+//!   is rewound to the last readable frame and the words after it are
+//!   zeroed (so no stale mark or table entry of the same stamp survives to
+//!   be read), and their numbers are handed out again;
+//! - a damaged frame is never delivered, and no number it or a later frame
+//!   had is reused: in a sealed segment, that segment and every older one
+//!   are dropped (readers of what they held get a `gap`); in the head, the
+//!   head is emptied and restarts after the last claimed number, alone
+//!   (older segments dropped, `gap`).
 //!
 //! A session whose segments overlap another's, or whose head is sealed with
 //! no successor, cannot be proven and is not restored.
@@ -45,12 +52,12 @@
 use std::collections::HashMap;
 
 use super::layout::{
-    frame_words, mark_len, table_offset, SegRef, SegmentHeader, State, FRAME_HEADER_WORDS,
-    HEADER_WORDS, MAX_COUNT, WORD_BYTES,
+    frame_words, mark, mark_len, meta, table_entry, table_offset, SegRef, SegmentHeader, State,
+    FRAME_HEADER_WORDS, HEADER_WORDS, MAX_COUNT, WORD_BYTES,
 };
 use super::pool::Pool;
 use super::window::{Owner, Window};
-use crate::sync::Ordering;
+use crate::sync::{AtomicU64, Ordering};
 
 /// What recovery restored and dropped.
 #[derive(Debug, Default)]
@@ -76,18 +83,34 @@ struct Candidate {
     header: SegmentHeader,
 }
 
-/// How far a segment's frames prove themselves.
+/// What a segment's frames prove, once its holes are filled.
 #[derive(Clone, Copy, Debug)]
 struct Prefix {
-    /// Frames kept.
+    /// Frames readable from the segment's start: proven ones and the
+    /// placeholders between them (and, in a sealed segment, after them).
     valid: u32,
-    /// Payload bytes of those frames.
+    /// Proven frames among them.
+    events: u32,
+    /// Payload bytes of the proven frames.
     bytes: u64,
-    /// Word offset right after the last kept frame.
+    /// Word offset right after the last readable frame.
     end: usize,
-    /// Whether the first failing frame had a mark (damage), not just an
-    /// unfinished write.
+    /// Whether a frame had a mark but failed its check (damage), not just
+    /// an unfinished write.
     damaged: bool,
+}
+
+/// One frame of a segment, as recovery finds it.
+#[derive(Clone, Copy, Debug)]
+enum Found {
+    /// Its table entry and mark carry the segment's stamp and its payload
+    /// passes its check: words `off..end`.
+    Proven { off: usize, end: usize, len: u32 },
+    /// Its writer had not finished (no mark, or no table entry): its
+    /// `append` never returned.
+    Unfinished,
+    /// A mark, but a length that does not fit or a failed check.
+    Damaged,
 }
 
 fn header_at(pool: &Pool, unit: u32) -> SegmentHeader {
@@ -229,12 +252,12 @@ fn restore(
             prefixes.push(None);
             continue;
         };
-        let p = prefix(pool, c, count);
+        let p = prove(pool, c, count, i < head_i);
         if p.damaged {
             out.damaged_frames += u64::from(count - p.valid);
-        }
-        if i < head_i && p.valid < count {
-            start = i + 1;
+            if i < head_i {
+                start = i + 1;
+            }
         }
         prefixes.push(Some((count, p)));
     }
@@ -262,7 +285,7 @@ fn restore(
         held += 1 << c.class;
         if let Some((_, p)) = prefixes[start + i] {
             if !(p.damaged && start + i == head_i) {
-                out.events += u64::from(p.valid);
+                out.events += u64::from(p.events);
                 out.bytes += p.bytes;
             }
         }
@@ -279,50 +302,141 @@ fn claimed(pool: &Pool, c: &Candidate) -> Option<u32> {
     }
 }
 
-/// How far the first `count` frames of `c` prove themselves.
-fn prefix(pool: &Pool, c: &Candidate, count: u32) -> Prefix {
+/// Classifies the first `count` frames of `c` and, unless one is damaged,
+/// turns every unfinished frame that has a readable frame after it (and, in
+/// a `sealed` segment, every unfinished frame) into a placeholder: a frame
+/// on the reserved stream `u32::MAX` with a zero payload, which no reader
+/// of a real stream ever delivers. So a writer killed while copying, while
+/// other writers of the session went on, leaves a number that is skipped,
+/// not a hole that stalls every reader behind it.
+fn prove(pool: &Pool, c: &Candidate, count: u32, sealed: bool) -> Prefix {
     let segment = pool.segment(c.seg.unit, c.class);
     let stamp = c.seg.stamp;
-    let mut p = Prefix {
-        valid: 0,
-        bytes: 0,
-        end: HEADER_WORDS,
-        damaged: false,
-    };
+    let table_low = segment.len().saturating_sub(count as usize);
+    let mut found = Vec::with_capacity(count as usize);
     let mut payload = Vec::new();
-    for i in 0..count {
-        let Some(slot) = segment.len().checked_sub(i as usize + 1) else {
-            p.damaged = true;
-            return p;
+    let mut low = HEADER_WORDS;
+    for i in 0..count as usize {
+        let slot = segment.len() - 1 - i;
+        let Some(off) = table_offset(segment[slot].load(Ordering::Relaxed), stamp) else {
+            found.push(Found::Unfinished);
+            continue;
         };
-        let mark = segment.get(p.end).map(|w| w.load(Ordering::Relaxed));
-        let len = mark.and_then(|m| mark_len(m, stamp));
-        let entry = table_offset(segment[slot].load(Ordering::Relaxed), stamp);
-        let Some(len) = len else {
-            // No mark: the writer had not finished. Not damage.
-            return p;
+        let off = off as usize;
+        let Some(len) = segment
+            .get(off)
+            .and_then(|w| mark_len(w.load(Ordering::Relaxed), stamp))
+        else {
+            found.push(Found::Unfinished);
+            continue;
         };
-        let end = p.end + frame_words(len as usize);
-        if entry != Some(p.end as u32) || end > slot {
-            p.damaged = true;
-            return p;
+        let end = off + frame_words(len as usize);
+        if off < low || end > table_low {
+            found.push(Found::Damaged);
+            continue;
         }
-        let words = &segment[p.end + FRAME_HEADER_WORDS..end];
         payload.clear();
-        for w in words {
+        for w in &segment[off + FRAME_HEADER_WORDS..end] {
             payload.extend_from_slice(&w.load(Ordering::Relaxed).to_le_bytes());
         }
-        let check = segment[p.end + 1].load(Ordering::Relaxed) as u32;
+        let check = segment[off + 1].load(Ordering::Relaxed) as u32;
         if crc32fast::hash(&payload[..len as usize]) != check {
+            found.push(Found::Damaged);
+            continue;
+        }
+        found.push(Found::Proven { off, end, len });
+        low = end;
+    }
+    let damaged = found.iter().any(|f| matches!(f, Found::Damaged));
+    let last_proven = found
+        .iter()
+        .rposition(|f| matches!(f, Found::Proven { .. }));
+    let valid = if sealed {
+        count as usize
+    } else {
+        last_proven.map_or(0, |i| i + 1)
+    };
+    let mut p = Prefix {
+        valid: 0,
+        events: 0,
+        bytes: 0,
+        end: HEADER_WORDS,
+        damaged,
+    };
+    if damaged {
+        // The caller drops what the damage touches; count what precedes it.
+        for f in &found {
+            match *f {
+                Found::Proven { end, len, .. } => {
+                    p.valid += 1;
+                    p.events += 1;
+                    p.bytes += u64::from(len);
+                    p.end = end;
+                }
+                _ => break,
+            }
+        }
+        return p;
+    }
+    let mut i = 0;
+    while i < valid {
+        if let Found::Proven { end, len, .. } = found[i] {
+            p.events += 1;
+            p.bytes += u64::from(len);
+            p.end = end;
+            i += 1;
+            continue;
+        }
+        // A run of unfinished frames i..j, then a proven one at `limit` (or
+        // the end of a sealed segment).
+        let j = (i..valid)
+            .find(|&k| matches!(found[k], Found::Proven { .. }))
+            .unwrap_or(valid);
+        let n = j - i;
+        let limit = match found.get(j) {
+            Some(Found::Proven { off, .. }) if j < valid => *off,
+            _ => p.end + n * FRAME_HEADER_WORDS,
+        };
+        if limit < p.end + n * FRAME_HEADER_WORDS || limit > table_low {
             p.damaged = true;
             return p;
         }
-        p.valid += 1;
-        p.bytes += u64::from(len);
-        p.end = end;
+        // The first placeholder takes the room the others leave.
+        let mut at = p.end;
+        for k in i..j {
+            let words = if k == i {
+                limit - at - (n - 1) * FRAME_HEADER_WORDS
+            } else {
+                FRAME_HEADER_WORDS
+            };
+            placeholder(segment, stamp, k, at, words, c.header.opened_ms);
+            at += words;
+        }
+        p.end = at;
+        i = j;
     }
+    p.valid = valid as u32;
     p
 }
+
+/// Writes a placeholder frame `index` of `words` words at word `at`.
+fn placeholder(segment: &[AtomicU64], stamp: u32, index: usize, at: usize, words: usize, ms: u64) {
+    let len = (words - FRAME_HEADER_WORDS) * WORD_BYTES;
+    for w in &segment[at + FRAME_HEADER_WORDS..at + words] {
+        w.store(0, Ordering::Relaxed);
+    }
+    let zeros = vec![0u8; len];
+    segment[at + 1].store(
+        meta(PLACEHOLDER_STREAM, crc32fast::hash(&zeros)),
+        Ordering::Relaxed,
+    );
+    segment[at + 2].store(ms, Ordering::Relaxed);
+    segment[segment.len() - 1 - index].store(table_entry(stamp, at as u32), Ordering::Relaxed);
+    segment[at].store(mark(stamp, len as u32), Ordering::Relaxed);
+}
+
+/// The stream of placeholder frames: the one no append may name.
+const PLACEHOLDER_STREAM: u32 = u32::MAX;
 
 /// Rewinds the head `c` to its valid prefix: state, and zeroed words where
 /// the unfinished frames and their table entries were.
