@@ -118,6 +118,8 @@ pub(crate) mod window;
 #[cfg(all(test, loom))]
 mod loom_tests;
 #[cfg(all(test, not(loom)))]
+mod recover_tests;
+#[cfg(all(test, not(loom)))]
 mod tests;
 
 pub(crate) use pool::{Pool, PoolShape};
