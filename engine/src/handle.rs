@@ -138,6 +138,14 @@ impl SessionHandle {
     ///
     /// [`stored_init`]: SessionHandle::stored_init
     pub fn store_init(&self, blob: &[u8]) -> std::io::Result<()> {
+        if let Some(d) = &self.shared.durable {
+            // Kept for rewrites of the journal; before the record, so a
+            // rewrite in between carries it (a duplicate is harmless).
+            d.inits
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(self.session.id.bits(), Box::from(blob));
+        }
         self.shared
             .journal(|| crate::durable::journal::Record::Init {
                 id: self.session.id.bits(),

@@ -122,6 +122,11 @@ pub(crate) struct Durable {
     pub(crate) sync_each_append: bool,
     /// Journal writes and syncs that failed.
     pub(crate) io_errors: AtomicU64,
+    /// The blobs live sessions stored ([`SessionHandle::store_init`]), by
+    /// session id: what a rewrite of the journal must carry over.
+    pub(crate) inits: Mutex<HashMap<u128, Box<[u8]>>>,
+    /// Unix milliseconds the engine clock counts from.
+    pub(crate) clock_base_ms: u64,
 }
 
 /// Stream ids are journaled in blocks of this many: a session records
@@ -197,10 +202,12 @@ impl Shared {
             ..RecoveryReport::default()
         };
         let durable = Durable {
+            clock_base_ms: opened.dir.clock_base_ms,
             dir: opened.dir,
             report: RecoveryReport::default(),
             sync_each_append,
             io_errors: AtomicU64::new(0),
+            inits: Mutex::new(HashMap::new()),
         };
         let mut shared = Shared::with(config, policy, pool, boot_epoch, clock, Some(durable));
         let now = shared.now_ms();
@@ -209,6 +216,9 @@ impl Shared {
             let Ok(id) = SessionId::parse(&format!("{:032x}", j.id)) else {
                 continue;
             };
+            if let (Some(blob), Some(d)) = (&j.init, &shared.durable) {
+                lock(&d.inits).insert(j.id, blob.clone());
+            }
             let session = Session::restored(
                 id,
                 j.tag,
@@ -410,6 +420,9 @@ impl Shared {
             id: s.id.bits(),
             epoch: s.epoch,
         });
+        if let Some(d) = &self.durable {
+            lock(&d.inits).remove(&s.id.bits());
+        }
         self.metrics
             .add(Counter::EndedAppends, s.window.high_water(&self.pool));
         let deferred = s.window.close(&self.pool);
@@ -518,7 +531,52 @@ impl Shared {
         if self.pool.free_bytes() < self.pool.capacity_bytes() / 32 {
             self.reclaim(0);
         }
+        self.compact_journal();
         ended
+    }
+
+    /// Rewrites a durable engine's journal with only the live sessions once
+    /// it has grown enough (see `journal::Journal::wants_compaction`).
+    fn compact_journal(&self) {
+        let Some(d) = &self.durable else { return };
+        if !d.dir.journal.wants_compaction() {
+            return;
+        }
+        let live = || {
+            let inits = lock(&d.inits);
+            let mut records = Vec::new();
+            self.registry.for_each(|s| {
+                if s.is_ended() {
+                    return;
+                }
+                let id = s.id.bits();
+                records.push(Record::Open {
+                    id,
+                    tag: s.tag,
+                    epoch: s.epoch,
+                    created_unix_ms: d.clock_base_ms + s.opened_ms,
+                    principal: s.principal.clone(),
+                });
+                if let Some(blob) = inits.get(&id) {
+                    records.push(Record::Init {
+                        id,
+                        epoch: s.epoch,
+                        blob: blob.clone(),
+                    });
+                }
+                // Every stream id handed out so far is below `next_stream`;
+                // a restore starts a block above what this says.
+                records.push(Record::Streams {
+                    id,
+                    epoch: s.epoch,
+                    below: s.next_stream.load(Ordering::Relaxed),
+                });
+            });
+            records
+        };
+        if d.dir.journal.compact(live).is_err() {
+            d.io_errors.fetch_add(1, Ordering::Relaxed);
+        }
     }
 
     /// The sum of the live sessions' high-water marks.

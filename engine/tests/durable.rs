@@ -456,3 +456,45 @@ fn a_damaged_frame_in_the_head_segment_is_never_delivered_and_its_number_never_r
     });
     assert_eq!(d.verdict, Verdict::FreshGap, "{:?}", d.facts);
 }
+
+#[test]
+fn the_sweep_rewrites_a_grown_journal_and_a_restart_still_finds_exactly_the_live_sessions() {
+    let dir = tempfile::tempdir().unwrap();
+    let journal = dir.path().join("sessions.journal");
+    let (kept, streams) = {
+        let e = Engine::new(config(dir.path())).unwrap();
+        let kept = e.open(Some("erin")).unwrap();
+        kept.store_init(b"{\"protocolVersion\":\"2025-06-18\"}")
+            .unwrap();
+        kept.append(0, b"kept").unwrap();
+        let streams: Vec<u32> = (0..10).map(|_| kept.new_stream().unwrap()).collect();
+        // Enough sessions coming and going to grow the journal past 1 MiB.
+        for _ in 0..12_000 {
+            let s = e.open(Some("churn")).unwrap();
+            s.store_init(b"{}").unwrap();
+            assert!(s.close());
+        }
+        let grown = std::fs::metadata(&journal).unwrap().len();
+        assert!(grown > 1 << 20, "{grown}");
+        e.sweep();
+        let compacted = std::fs::metadata(&journal).unwrap().len();
+        assert!(compacted < 4096, "{compacted}");
+        // Records appended after the rewrite land in the new file.
+        let later = e.open(None).unwrap();
+        later.append(0, b"later").unwrap();
+        ((kept.id(), later.id()), streams)
+    };
+    let e = Engine::new(config(dir.path())).unwrap();
+    assert_eq!(e.recovery().unwrap().sessions, 2);
+    let s = e.session(kept.0).unwrap();
+    assert_eq!(s.principal(), Some("erin"));
+    assert_eq!(
+        s.stored_init(),
+        Some(&b"{\"protocolVersion\":\"2025-06-18\"}"[..])
+    );
+    assert_eq!(replay_all(&s, 0), vec![(1, b"kept".to_vec())]);
+    let next = s.new_stream().unwrap();
+    assert!(next > *streams.iter().max().unwrap(), "stream ids go on");
+    let later = e.session(kept.1).unwrap();
+    assert_eq!(replay_all(&later, 0), vec![(1, b"later".to_vec())]);
+}

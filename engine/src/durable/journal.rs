@@ -15,7 +15,8 @@
 use std::collections::BTreeMap;
 use std::fs::File;
 use std::io::Write;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
 use super::DataDirError;
@@ -315,10 +316,18 @@ fn records_of(s: &Journaled) -> Vec<Record> {
 /// The open journal, appended to as sessions come and go.
 #[derive(Debug)]
 pub(crate) struct Journal {
+    path: PathBuf,
     file: Mutex<File>,
     /// `fdatasync` after every record.
     sync_each: bool,
+    /// Bytes appended since the journal was last rewritten.
+    appended: AtomicU64,
+    /// Bytes the last rewrite kept.
+    kept: AtomicU64,
 }
+
+/// A journal is rewritten by the sweep only past this size.
+const COMPACT_AT_LEAST: u64 = 1 << 20;
 
 impl Journal {
     /// Rewrites the journal at `path` to hold exactly `live` and opens it
@@ -328,31 +337,35 @@ impl Journal {
         live: &BTreeMap<u128, Journaled>,
         sync_each: bool,
     ) -> Result<Journal, DataDirError> {
-        let tmp = path.with_extension("tmp");
-        let mut bytes = Vec::new();
-        for s in live.values() {
-            for r in records_of(s) {
-                bytes.extend_from_slice(&r.encode());
-            }
-        }
-        let at = &tmp;
-        let io = |op| move |e| DataDirError::io(at, op, e);
-        let mut f = File::create(&tmp).map_err(io("create"))?;
-        f.write_all(&bytes).map_err(io("write"))?;
-        f.sync_all().map_err(io("fsync"))?;
-        drop(f);
-        std::fs::rename(&tmp, path).map_err(|e| DataDirError::io(path, "rename", e))?;
-        if let Some(dir) = path.parent() {
-            sync_dir(dir)?;
-        }
-        let file = std::fs::OpenOptions::new()
-            .append(true)
-            .open(path)
-            .map_err(|e| DataDirError::io(path, "open", e))?;
+        let records: Vec<Record> = live.values().flat_map(records_of).collect();
+        let (file, kept) = replace(path, &records)?;
         Ok(Journal {
+            path: path.to_owned(),
             file: Mutex::new(file),
             sync_each,
+            appended: AtomicU64::new(0),
+            kept: AtomicU64::new(kept),
         })
+    }
+
+    /// Whether the journal has grown enough since its last rewrite to be
+    /// worth rewriting.
+    pub(crate) fn wants_compaction(&self) -> bool {
+        let appended = self.appended.load(Ordering::Relaxed);
+        appended > COMPACT_AT_LEAST.max(4 * self.kept.load(Ordering::Relaxed))
+    }
+
+    /// Rewrites the journal to hold what `live` returns, called with the
+    /// journal locked: a record appended meanwhile waits, and lands in the
+    /// new file (a duplicate of what `live` wrote is harmless; reading
+    /// keeps the last open of an id and matches closes by epoch).
+    pub(crate) fn compact(&self, live: impl FnOnce() -> Vec<Record>) -> Result<(), DataDirError> {
+        let mut file = self.file.lock().unwrap_or_else(|e| e.into_inner());
+        let (new, kept) = replace(&self.path, &live())?;
+        *file = new;
+        self.appended.store(0, Ordering::Relaxed);
+        self.kept.store(kept, Ordering::Relaxed);
+        Ok(())
     }
 
     /// Appends `record` (one `write`: a crash of the process cannot tear
@@ -361,6 +374,8 @@ impl Journal {
         let bytes = record.encode();
         let mut f = self.file.lock().unwrap_or_else(|e| e.into_inner());
         f.write_all(&bytes)?;
+        self.appended
+            .fetch_add(bytes.len() as u64, Ordering::Relaxed);
         if self.sync_each {
             f.sync_data()?;
         }
@@ -374,6 +389,28 @@ impl Journal {
             .unwrap_or_else(|e| e.into_inner())
             .sync_data()
     }
+}
+
+/// Replaces the journal at `path` by one holding `records`, durably, and
+/// opens it for appending; returns it and its length.
+fn replace(path: &Path, records: &[Record]) -> Result<(File, u64), DataDirError> {
+    let tmp = path.with_extension("tmp");
+    let bytes: Vec<u8> = records.iter().flat_map(Record::encode).collect();
+    let at = &tmp;
+    let io = |op| move |e| DataDirError::io(at, op, e);
+    let mut f = File::create(&tmp).map_err(io("create"))?;
+    f.write_all(&bytes).map_err(io("write"))?;
+    f.sync_all().map_err(io("fsync"))?;
+    drop(f);
+    std::fs::rename(&tmp, path).map_err(|e| DataDirError::io(path, "rename", e))?;
+    if let Some(dir) = path.parent() {
+        sync_dir(dir)?;
+    }
+    let file = std::fs::OpenOptions::new()
+        .append(true)
+        .open(path)
+        .map_err(|e| DataDirError::io(path, "open", e))?;
+    Ok((file, bytes.len() as u64))
 }
 
 /// `fsync` of a directory, so a rename or a new file in it is durable.
