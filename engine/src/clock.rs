@@ -29,14 +29,23 @@ fn ticker_runs() -> bool {
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Clock {
     origin: u64,
+    /// Added to every reading: a durable engine's clock continues the
+    /// previous boot's (it counts from its data directory's creation).
+    offset_ms: u64,
     ticking: bool,
 }
 
 impl Clock {
     pub(crate) fn new() -> Clock {
+        Clock::starting_at(0)
+    }
+
+    /// A clock whose first reading is `offset_ms`.
+    pub(crate) fn starting_at(offset_ms: u64) -> Clock {
         let ticking = ticker_runs();
         Clock {
             origin: Instant::now().as_ticks(),
+            offset_ms,
             ticking,
         }
     }
@@ -51,5 +60,6 @@ impl Clock {
             Instant::now_without_cache_update()
         };
         coarsetime::Duration::from_ticks(now.as_ticks().saturating_sub(self.origin)).as_millis()
+            + self.offset_ms
     }
 }

@@ -1,6 +1,7 @@
 //! Engine configuration: every bound on memory is a number here.
 
 use std::fmt;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::id::TagKey;
@@ -48,7 +49,35 @@ pub struct Config {
     /// First epoch of this engine. `None`: the wall clock in microseconds,
     /// which is larger than every epoch an earlier process handed out as
     /// long as it opened fewer than a million sessions a second on average.
+    /// Must be `None` with a `data_dir`, whose boot counter mints epochs.
     pub boot_epoch: Option<u64>,
+    /// Where the pool and the session journal live. `None` (the default):
+    /// on the heap, gone with the process. With a directory, the pool is a
+    /// memory-mapped file and sessions survive a restart or a crash
+    /// (`docs/durability.md`).
+    pub data_dir: Option<PathBuf>,
+    /// When a durable pool's writes are forced to the device. Ignored
+    /// without a `data_dir`.
+    pub sync: SyncPolicy,
+}
+
+/// When a durable pool's writes are forced to the device (`msync`,
+/// `fdatasync`). Whatever the policy, an `append` that returned survives a
+/// crash of the process (its bytes are in the kernel's page cache); the
+/// policy decides what survives a crash of the machine.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum SyncPolicy {
+    /// Never forced: the kernel writes dirty pages back when it likes
+    /// (typically within 30 s). A power loss can lose recent events.
+    #[default]
+    None,
+    /// Forced by a background thread every this many milliseconds: a power
+    /// loss loses at most about that much.
+    EveryMs(u64),
+    /// Forced before every `append` returns: a power loss loses only
+    /// appends that had not returned. Costs a device flush per event.
+    EveryAppend,
 }
 
 impl Default for Config {
@@ -65,6 +94,8 @@ impl Default for Config {
             max_resume_age: None,
             tag_key: None,
             boot_epoch: None,
+            data_dir: None,
+            sync: SyncPolicy::None,
         }
     }
 }
@@ -97,6 +128,13 @@ pub enum ConfigError {
     },
     /// `idle_ttl` is zero.
     ZeroTtl,
+    /// `sync = EveryMs(0)`.
+    ZeroSyncInterval,
+    /// `boot_epoch` is set together with `data_dir`: the data directory's
+    /// boot counter mints epochs.
+    BootEpochWithDataDir,
+    /// The data directory cannot be used.
+    DataDir(crate::durable::DataDirError),
 }
 
 impl fmt::Display for ConfigError {
@@ -120,11 +158,26 @@ impl fmt::Display for ConfigError {
             ),
             ConfigError::ZeroCap { setting } => write!(f, "{setting} must be at least 1"),
             ConfigError::ZeroTtl => f.write_str("idle_ttl must be greater than zero"),
+            ConfigError::ZeroSyncInterval => f.write_str(
+                "sync = every 0 ms is not an interval; use every_append, or at least 1 ms",
+            ),
+            ConfigError::BootEpochWithDataDir => f.write_str(
+                "boot_epoch cannot be set with data_dir: the data directory's boot counter \
+                 mints epochs",
+            ),
+            ConfigError::DataDir(e) => write!(f, "data_dir: {e}"),
         }
     }
 }
 
-impl std::error::Error for ConfigError {}
+impl std::error::Error for ConfigError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            ConfigError::DataDir(e) => Some(e),
+            _ => None,
+        }
+    }
+}
 
 const UNIT_BYTES: usize = UNIT_WORDS * 8;
 const MAX_SEGMENT: usize = 64 << 20;
@@ -174,6 +227,12 @@ impl Config {
         }
         if self.idle_ttl.is_zero() {
             return Err(ConfigError::ZeroTtl);
+        }
+        if self.sync == SyncPolicy::EveryMs(0) {
+            return Err(ConfigError::ZeroSyncInterval);
+        }
+        if self.data_dir.is_some() && self.boot_epoch.is_some() {
+            return Err(ConfigError::BootEpochWithDataDir);
         }
         Ok(())
     }

@@ -2,9 +2,11 @@
 //! ends them, reports on them.
 
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
+use std::time::Duration;
 
-use crate::config::{Config, ConfigError};
+use crate::config::{Config, ConfigError, SyncPolicy};
+use crate::durable::RecoveryReport;
 use crate::handle::SessionHandle;
 use crate::id::SessionId;
 use crate::metrics::MetricsSnapshot;
@@ -38,10 +40,37 @@ impl Engine {
     }
 
     /// An engine that asks `policy` on every resume.
+    ///
+    /// With [`Config::data_dir`] set, opens (or creates) the directory,
+    /// recovers the sessions it holds ([`Engine::recovery`] says what was
+    /// found) and keeps it locked until the engine and every handle of it
+    /// are dropped.
     pub fn with_policy(config: Config, policy: Arc<dyn Policy>) -> Result<Engine, ConfigError> {
-        Ok(Engine {
-            shared: Arc::new(Shared::new(config, policy)?),
+        let shared = Arc::new(Shared::new(config, policy)?);
+        if let (Some(_), SyncPolicy::EveryMs(ms)) = (&shared.durable, shared.config.sync) {
+            spawn_syncer(Arc::downgrade(&shared), Duration::from_millis(ms));
+        }
+        Ok(Engine { shared })
+    }
+
+    /// What opening the data directory recovered; `None` for a heap
+    /// engine.
+    pub fn recovery(&self) -> Option<&RecoveryReport> {
+        self.shared.durable.as_ref().map(|d| &d.report)
+    }
+
+    /// Journal writes and `msync`/`fdatasync` calls of the data directory
+    /// that failed so far (0 for a heap engine).
+    pub fn storage_errors(&self) -> u64 {
+        self.shared.durable.as_ref().map_or(0, |d| {
+            d.io_errors.load(std::sync::atomic::Ordering::Relaxed)
         })
+    }
+
+    /// Forces the data directory's pool and journal to the device now,
+    /// whatever the sync policy (a no-op for a heap engine).
+    pub fn sync(&self) -> std::io::Result<()> {
+        self.shared.sync_durable()
     }
 
     /// The configuration this engine runs with.
@@ -121,4 +150,22 @@ impl Engine {
             (pool.capacity_bytes(), pool.free_bytes()),
         )
     }
+}
+
+/// The `EveryMs` sync policy: a thread that forces the pool and the journal
+/// to the device every `period`, until the engine is gone.
+fn spawn_syncer(shared: Weak<Shared>, period: Duration) {
+    let spawned = std::thread::Builder::new()
+        .name("rewind-sync".to_owned())
+        .spawn(move || loop {
+            std::thread::sleep(period);
+            let Some(shared) = shared.upgrade() else {
+                return;
+            };
+            // Counted by `sync_durable` on failure.
+            let _ = shared.sync_durable();
+        });
+    // Without the thread the policy degrades to `None`; the data is still
+    // written back by the kernel.
+    drop(spawned);
 }

@@ -109,7 +109,55 @@ impl SessionHandle {
     /// session's standalone stream and is never returned). `None` after
     /// 2³² − 2 streams.
     pub fn new_stream(&self) -> Option<u32> {
-        self.session.new_stream()
+        let stream = self.session.new_stream()?;
+        if stream.is_multiple_of(crate::shared::STREAM_BLOCK) {
+            // A restored session starts one block above the last journaled
+            // one, so no stream id handed out before a crash is handed out
+            // again (see `Shared::new`).
+            let _ = self
+                .shared
+                .journal(|| crate::durable::journal::Record::Streams {
+                    id: self.session.id.bits(),
+                    epoch: self.session.epoch,
+                    below: stream.saturating_add(crate::shared::STREAM_BLOCK),
+                });
+        }
+        Some(stream)
+    }
+
+    /// Whether this session incarnation was restored from the data
+    /// directory when the engine started (it lived in an earlier process).
+    pub fn is_restored(&self) -> bool {
+        self.session.restored.is_some()
+    }
+
+    /// Stores `blob` with the session in the data directory's journal (the
+    /// server keeps the client's `initialize` parameters there), so that a
+    /// restored session can give it back ([`stored_init`]). For a heap
+    /// engine nothing is stored and this returns `Ok`.
+    ///
+    /// [`stored_init`]: SessionHandle::stored_init
+    pub fn store_init(&self, blob: &[u8]) -> std::io::Result<()> {
+        if let Some(d) = &self.shared.durable {
+            // Kept for rewrites of the journal; before the record, so a
+            // rewrite in between carries it (a duplicate is harmless).
+            d.inits
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(self.session.id.bits(), Box::from(blob));
+        }
+        self.shared
+            .journal(|| crate::durable::journal::Record::Init {
+                id: self.session.id.bits(),
+                epoch: self.session.epoch,
+                blob: Box::from(blob),
+            })
+    }
+
+    /// What [`store_init`](SessionHandle::store_init) stored before the
+    /// restart, for a restored session.
+    pub fn stored_init(&self) -> Option<&[u8]> {
+        self.session.restored.as_ref()?.init.as_deref()
     }
 
     /// Appends an event to `stream` and returns its id. Takes no lock; any
@@ -127,6 +175,13 @@ impl SessionHandle {
             return refused(AppendError::BadStream);
         }
         let now = shared.now_ms();
+        // A durable pool proves each payload on recovery by its CRC (a mark
+        // alone cannot prove that the payload reached the device).
+        let check = if shared.durable.is_some() {
+            crc32fast::hash(payload)
+        } else {
+            0
+        };
         let mut reclaimed = 0;
         let seq = loop {
             match s.window.append(
@@ -136,7 +191,7 @@ impl SessionHandle {
                 stream,
                 now,
                 payload,
-                0,
+                check,
             ) {
                 Ok(seq) => break seq,
                 Err(AppendFailure::TooLarge { max }) => {
@@ -157,6 +212,11 @@ impl SessionHandle {
                 }
             }
         };
+        if shared.durable.as_ref().is_some_and(|d| d.sync_each_append) {
+            // Counted on failure; the event is stored (and readable) either
+            // way, only its survival of a power loss is in doubt.
+            let _ = shared.sync_durable();
+        }
         s.touch(now);
         s.wake();
         Ok(s.event_id(stream, seq))

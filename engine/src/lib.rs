@@ -47,6 +47,8 @@ mod clock;
 #[cfg(not(loom))]
 mod config;
 #[cfg(not(loom))]
+pub mod durable;
+#[cfg(not(loom))]
 mod engine;
 #[cfg(not(loom))]
 mod handle;
@@ -67,7 +69,7 @@ mod shared;
 
 #[cfg(not(loom))]
 pub use crate::{
-    config::{Config, ConfigError},
+    config::{Config, ConfigError, SyncPolicy},
     engine::Engine,
     handle::{AppendError, CallGuard, SessionHandle},
     id::{EventId, EventIdError, SessionId, SessionIdError, TagKey},

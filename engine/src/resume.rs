@@ -215,8 +215,13 @@ impl Shared {
             Some(Err(_)) => SessionFact::Malformed,
             Some(Ok(id)) => match self.live(id, now) {
                 Some(s) if s.principal_matches(req.principal) => {
+                    let fact = if s.restored.is_some() {
+                        SessionFact::Restored
+                    } else {
+                        SessionFact::Live
+                    };
                     session = Some(s);
-                    SessionFact::Live
+                    fact
                 }
                 Some(_) => SessionFact::WrongPrincipal,
                 None if parsed.is_some_and(|c| c.epoch < self.boot_epoch) => {
@@ -249,7 +254,7 @@ impl Shared {
     }
 
     fn act(self: &Arc<Self>, c: Classified, verdict: Verdict) -> ResumeAction {
-        let live = c.facts.session_fact() == Some(SessionFact::Live);
+        let live = c.facts.session_fact().is_some_and(SessionFact::is_live);
         let handle = |s: &Option<Arc<Session>>| {
             s.as_ref().filter(|_| live).map(|s| SessionHandle {
                 session: s.clone(),

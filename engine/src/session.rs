@@ -98,6 +98,17 @@ pub(crate) struct Session {
     /// The embedding's state, held weakly (no cycle through the handle it
     /// keeps).
     attachment: OnceLock<Weak<dyn Attachment>>,
+    /// Set when the session was restored from a data directory at start
+    /// (a pointer, so sessions opened in this process pay 8 bytes for it).
+    pub(crate) restored: Option<Box<Restored>>,
+}
+
+/// What a session restored from disk brings with it.
+#[derive(Debug)]
+pub(crate) struct Restored {
+    /// What the embedding stored with the session before the restart
+    /// ([`SessionHandle::store_init`](crate::SessionHandle::store_init)).
+    pub(crate) init: Option<Box<[u8]>>,
 }
 
 impl std::fmt::Debug for Session {
@@ -136,6 +147,33 @@ impl Session {
             ended: AtomicBool::new(false),
             appended: Event::new(),
             attachment: OnceLock::new(),
+            restored: None,
+        }
+    }
+
+    /// A session incarnation recovered from a data directory: its id, tag,
+    /// epoch and principal as journaled, its recovered window, stream ids
+    /// from `next_stream` on.
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "every field of a journaled session, once at start"
+    )]
+    pub(crate) fn restored(
+        id: SessionId,
+        tag: u64,
+        epoch: u64,
+        principal: Option<Box<str>>,
+        now_ms: u64,
+        window: Window,
+        next_stream: u32,
+        init: Option<Box<[u8]>>,
+    ) -> Session {
+        Session {
+            principal,
+            window,
+            next_stream: AtomicU32::new(next_stream.clamp(1, NO_STREAM - 1)),
+            restored: Some(Box::new(Restored { init })),
+            ..Session::new(id, tag, epoch, None, now_ms)
         }
     }
 

@@ -9,7 +9,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use crate::clock::Clock;
-use crate::config::{Config, ConfigError};
+use crate::config::{Config, ConfigError, SyncPolicy};
+use crate::durable::journal::Record;
+use crate::durable::{DataDir, RecoveryReport};
 use crate::handle::SessionHandle;
 use crate::id::{SessionId, TagKey};
 use crate::metrics::{Counter, Metrics};
@@ -42,6 +44,13 @@ pub enum OpenError {
     ///
     /// [`Engine::reopen`]: crate::Engine::reopen
     IdTaken,
+    /// The session journal of the data directory could not be written (a
+    /// full disk, an I/O error): the session would not survive a restart,
+    /// so it was not opened.
+    Journal {
+        /// The kind of the I/O error.
+        kind: std::io::ErrorKind,
+    },
 }
 
 impl OpenError {
@@ -51,7 +60,7 @@ impl OpenError {
         match self {
             OpenError::TooManySessions { retry_after, .. }
             | OpenError::PrincipalLimit { retry_after, .. } => Some(*retry_after),
-            OpenError::IdTaken => None,
+            OpenError::IdTaken | OpenError::Journal { .. } => None,
         }
     }
 }
@@ -67,6 +76,9 @@ impl fmt::Display for OpenError {
                 "this principal holds {cap} sessions, the most max_sessions_per_principal allows"
             ),
             OpenError::IdTaken => f.write_str("a session with this id is already live"),
+            OpenError::Journal { kind } => {
+                write!(f, "the session journal could not be written: {kind}")
+            }
         }
     }
 }
@@ -97,7 +109,29 @@ pub(crate) struct Shared {
     deferred: Mutex<Vec<Deferred>>,
     /// One reclaimer at a time; the others wait for it.
     reclaiming: AtomicBool,
+    /// The data directory, for a durable pool.
+    pub(crate) durable: Option<Durable>,
 }
+
+/// A durable engine's data directory and what opening it found.
+#[derive(Debug)]
+pub(crate) struct Durable {
+    pub(crate) dir: DataDir,
+    pub(crate) report: RecoveryReport,
+    /// `msync` before every append returns.
+    pub(crate) sync_each_append: bool,
+    /// Journal writes and syncs that failed.
+    pub(crate) io_errors: AtomicU64,
+    /// The blobs live sessions stored ([`SessionHandle::store_init`]), by
+    /// session id: what a rewrite of the journal must carry over.
+    pub(crate) inits: Mutex<HashMap<u128, Box<[u8]>>>,
+    /// Unix milliseconds the engine clock counts from.
+    pub(crate) clock_base_ms: u64,
+}
+
+/// Stream ids are journaled in blocks of this many: a session records
+/// "ids below N may be in use" once per block, not once per stream.
+pub(crate) const STREAM_BLOCK: u32 = 256;
 
 impl fmt::Debug for Shared {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -117,26 +151,147 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 impl Shared {
     pub(crate) fn new(config: Config, policy: Arc<dyn Policy>) -> Result<Shared, ConfigError> {
         config.validate()?;
-        let boot_epoch = config.boot_epoch.unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(1, |d| d.as_micros() as u64)
-        });
-        Ok(Shared {
+        let Some(dir) = config.data_dir.clone() else {
+            let boot_epoch = config.boot_epoch.unwrap_or_else(|| {
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(1, |d| d.as_micros() as u64)
+            });
+            let pool = Pool::new(config.pool_shape());
+            return Ok(Shared::with(
+                config,
+                policy,
+                pool,
+                boot_epoch,
+                Clock::new(),
+                None,
+            ));
+        };
+        let started = std::time::Instant::now();
+        let shape = config.pool_shape();
+        let sync_each_append = config.sync == SyncPolicy::EveryAppend;
+        let opened =
+            crate::durable::open(&dir, shape, sync_each_append).map_err(ConfigError::DataDir)?;
+        let backing = crate::storage::backing::Backing::mapped(
+            opened.map,
+            crate::durable::header::HEADER_BYTES,
+            shape.total_words(),
+        );
+        let pool = Pool::over(backing, shape);
+        let journaled: Vec<_> = opened.live.into_values().collect();
+        let owners: Vec<_> = journaled
+            .iter()
+            .map(|j| crate::storage::Owner {
+                tag: j.tag,
+                epoch: j.epoch,
+            })
+            .collect();
+        let recovery = crate::storage::recover::recover(&pool, &owners);
+        let boot_epoch = opened.dir.boot_counter << crate::durable::EPOCH_SHIFT;
+        let clock =
+            Clock::starting_at(crate::durable::unix_ms().saturating_sub(opened.dir.clock_base_ms));
+        let mut report = RecoveryReport {
+            dir: dir.clone(),
+            created: opened.created,
+            boot_counter: opened.dir.boot_counter,
+            events: recovery.events,
+            bytes: recovery.bytes,
+            damaged_frames: recovery.damaged_frames,
+            dropped_segments: recovery.dropped_segments,
+            torn_records: opened.torn_records,
+            ..RecoveryReport::default()
+        };
+        let durable = Durable {
+            clock_base_ms: opened.dir.clock_base_ms,
+            dir: opened.dir,
+            report: RecoveryReport::default(),
+            sync_each_append,
+            io_errors: AtomicU64::new(0),
+            inits: Mutex::new(HashMap::new()),
+        };
+        let mut shared = Shared::with(config, policy, pool, boot_epoch, clock, Some(durable));
+        let now = shared.now_ms();
+        for (j, window) in journaled.into_iter().zip(recovery.windows) {
+            let Some(window) = window else { continue };
+            let Ok(id) = SessionId::parse(&format!("{:032x}", j.id)) else {
+                continue;
+            };
+            if let (Some(blob), Some(d)) = (&j.init, &shared.durable) {
+                lock(&d.inits).insert(j.id, blob.clone());
+            }
+            let session = Session::restored(
+                id,
+                j.tag,
+                j.epoch,
+                j.principal,
+                now,
+                window,
+                j.streams_below.saturating_add(STREAM_BLOCK),
+                j.init,
+            );
+            if let Some(p) = session.principal.as_deref() {
+                *lock(&shared.principals).entry(Box::from(p)).or_insert(0) += 1;
+            }
+            if shared.registry.insert(Arc::new(session)) {
+                shared.metrics.sessions_live.fetch_add(1, Ordering::Relaxed);
+                report.sessions += 1;
+            }
+        }
+        report.ms = started.elapsed().as_millis() as u64;
+        if let Some(d) = shared.durable.as_mut() {
+            d.report = report;
+        }
+        Ok(shared)
+    }
+
+    fn with(
+        config: Config,
+        policy: Arc<dyn Policy>,
+        pool: Pool,
+        boot_epoch: u64,
+        clock: Clock,
+        durable: Option<Durable>,
+    ) -> Shared {
+        Shared {
             tag_key: config.tag_key.unwrap_or_else(TagKey::random),
             boot_epoch,
             next_epoch: AtomicU64::new(boot_epoch),
             registry: Registry::new(),
             metrics: Metrics::new(),
             policy,
-            clock: Clock::new(),
-            pool: Pool::new(config.pool_shape()),
+            clock,
+            pool,
             keep: config.retention(),
             principals: Mutex::new(HashMap::new()),
             deferred: Mutex::new(Vec::new()),
             reclaiming: AtomicBool::new(false),
+            durable,
             config,
+        }
+    }
+
+    /// Writes `record` to the journal of a durable engine (nothing for a
+    /// heap engine).
+    pub(crate) fn journal(&self, record: impl FnOnce() -> Record) -> std::io::Result<()> {
+        let Some(d) = &self.durable else {
+            return Ok(());
+        };
+        d.dir.journal.append(&record()).inspect_err(|_| {
+            d.io_errors.fetch_add(1, Ordering::Relaxed);
         })
+    }
+
+    /// Forces the pool and the journal to the device (a durable engine's
+    /// sync policy).
+    pub(crate) fn sync_durable(&self) -> std::io::Result<()> {
+        let Some(d) = &self.durable else {
+            return Ok(());
+        };
+        let result = self.pool.sync().and_then(|()| d.dir.journal.sync());
+        if result.is_err() {
+            d.io_errors.fetch_add(1, Ordering::Relaxed);
+        }
+        result
     }
 
     #[inline]
@@ -216,6 +371,20 @@ impl Shared {
             self.forget(principal);
             return Err(OpenError::IdTaken);
         }
+        // Journaled before the handle exists, so before any append: a
+        // session whose events reached the pool is always in the journal.
+        let journaled = self.journal(|| Record::Open {
+            id: id.bits(),
+            tag: session.tag,
+            epoch,
+            created_unix_ms: crate::durable::unix_ms(),
+            principal: principal.map(Box::from),
+        });
+        if let Err(e) = journaled {
+            self.registry.remove(&session);
+            self.forget(principal);
+            return Err(OpenError::Journal { kind: e.kind() });
+        }
         self.metrics.add(Counter::SessionsOpened, 1);
         Ok(SessionHandle {
             session,
@@ -244,6 +413,16 @@ impl Shared {
             return false;
         }
         self.registry.remove(s);
+        // Before the segments are freed: a crash in between must not bring
+        // back a session with part of its chain. A failed write is counted;
+        // the session then comes back after a restart (with its events).
+        let _ = self.journal(|| Record::Close {
+            id: s.id.bits(),
+            epoch: s.epoch,
+        });
+        if let Some(d) = &self.durable {
+            lock(&d.inits).remove(&s.id.bits());
+        }
         self.metrics
             .add(Counter::EndedAppends, s.window.high_water(&self.pool));
         let deferred = s.window.close(&self.pool);
@@ -352,7 +531,52 @@ impl Shared {
         if self.pool.free_bytes() < self.pool.capacity_bytes() / 32 {
             self.reclaim(0);
         }
+        self.compact_journal();
         ended
+    }
+
+    /// Rewrites a durable engine's journal with only the live sessions once
+    /// it has grown enough (see `journal::Journal::wants_compaction`).
+    fn compact_journal(&self) {
+        let Some(d) = &self.durable else { return };
+        if !d.dir.journal.wants_compaction() {
+            return;
+        }
+        let live = || {
+            let inits = lock(&d.inits);
+            let mut records = Vec::new();
+            self.registry.for_each(|s| {
+                if s.is_ended() {
+                    return;
+                }
+                let id = s.id.bits();
+                records.push(Record::Open {
+                    id,
+                    tag: s.tag,
+                    epoch: s.epoch,
+                    created_unix_ms: d.clock_base_ms + s.opened_ms,
+                    principal: s.principal.clone(),
+                });
+                if let Some(blob) = inits.get(&id) {
+                    records.push(Record::Init {
+                        id,
+                        epoch: s.epoch,
+                        blob: blob.clone(),
+                    });
+                }
+                // Every stream id handed out so far is below `next_stream`;
+                // a restore starts a block above what this says.
+                records.push(Record::Streams {
+                    id,
+                    epoch: s.epoch,
+                    below: s.next_stream.load(Ordering::Relaxed),
+                });
+            });
+            records
+        };
+        if d.dir.journal.compact(live).is_err() {
+            d.io_errors.fetch_add(1, Ordering::Relaxed);
+        }
     }
 
     /// The sum of the live sessions' high-water marks.

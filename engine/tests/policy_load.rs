@@ -127,6 +127,29 @@ fn wrong_abi_version_is_refused() {
 }
 
 #[test]
+fn a_plugin_built_for_abi_version_1_is_refused_naming_both_versions() {
+    // Version 2 added the `Restored` session fact; a version-1 plugin would
+    // answer it as an unknown fact (404 for a live session).
+    let err = host()
+        .load("v1", &tiny_module(1, 1024, ALL_EXPORTS))
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            LoadError::AbiVersion {
+                found: 1,
+                expected: 2
+            }
+        ),
+        "{err}"
+    );
+    assert!(
+        err.to_string().contains("version 1") && err.to_string().contains("version 2"),
+        "{err}"
+    );
+}
+
+#[test]
 fn a_module_with_imports_is_refused() {
     let err = host()
         .load("imports", plugins::fixtures::IMPORTS)
@@ -150,7 +173,7 @@ fn missing_exports_are_refused() {
             .filter(|e| e != missing)
             .collect();
         let err = host
-            .load("partial", &tiny_module(1, 1024, &exports))
+            .load("partial", &tiny_module(ABI_VERSION as i32, 1024, &exports))
             .unwrap_err();
         assert!(
             matches!(err, LoadError::MissingExport { name, .. } if name == *missing),
@@ -219,7 +242,10 @@ fn a_probe_that_traps_is_refused_with_the_trap_in_its_source_chain() {
 fn a_facts_pointer_out_of_bounds_or_misaligned_is_refused() {
     let host = host();
     let err = host
-        .load("oob", &tiny_module(1, 65536 - 8, ALL_EXPORTS))
+        .load(
+            "oob",
+            &tiny_module(ABI_VERSION as i32, 65536 - 8, ALL_EXPORTS),
+        )
         .unwrap_err();
     assert!(
         matches!(
@@ -232,7 +258,10 @@ fn a_facts_pointer_out_of_bounds_or_misaligned_is_refused() {
         "{err}"
     );
     let err = host
-        .load("negative", &tiny_module(1, -8, ALL_EXPORTS))
+        .load(
+            "negative",
+            &tiny_module(ABI_VERSION as i32, -8, ALL_EXPORTS),
+        )
         .unwrap_err();
     assert!(
         matches!(
@@ -245,7 +274,10 @@ fn a_facts_pointer_out_of_bounds_or_misaligned_is_refused() {
         "{err}"
     );
     let err = host
-        .load("misaligned", &tiny_module(1, 1028, ALL_EXPORTS))
+        .load(
+            "misaligned",
+            &tiny_module(ABI_VERSION as i32, 1028, ALL_EXPORTS),
+        )
         .unwrap_err();
     assert!(
         matches!(

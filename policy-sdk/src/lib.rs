@@ -18,7 +18,7 @@
 //! codes; the Rust enums are `#[non_exhaustive]` wrappers whose `from_code`
 //! returns `None` for codes this version does not know.
 //!
-//! # Guest exports (ABI version 1)
+//! # Guest exports (ABI version 2)
 //!
 //! | export | signature | meaning |
 //! |---|---|---|
@@ -39,8 +39,16 @@ use bytemuck::{Pod, Zeroable};
 
 pub mod guest;
 
-/// Version of the layout of [`ResumeFacts`] and of the guest exports.
-pub const ABI_VERSION: u32 = 1;
+/// Version of the layout of [`ResumeFacts`], of the fact codes and of the
+/// guest exports.
+///
+/// - 1: the first version.
+/// - 2: adds [`SessionFact::Restored`] (same layout). A version-1 module
+///   would read code 6 as an unknown fact and answer for it conservatively
+///   (404 on a session that is in fact live): the host refuses version-1
+///   modules with a message naming both versions; rebuilding against this
+///   SDK is all a plugin needs.
+pub const ABI_VERSION: u32 = 2;
 
 /// Name of the linear-memory export the host writes facts into.
 pub const EXPORT_MEMORY: &str = "memory";
@@ -72,6 +80,14 @@ pub enum SessionFact {
     WrongPrincipal = 4,
     /// The presented session id is not syntactically a session id.
     Malformed = 5,
+    /// The session is live and bound to the presented principal (if any),
+    /// and it was restored from the server's data directory when the server
+    /// started: it lived in an earlier process, and its epoch, principal
+    /// binding and retained events were recovered and proven (every event a
+    /// replay delivers passed its checksum). The cursor facts mean what
+    /// they mean for [`Live`](SessionFact::Live); the default verdicts are
+    /// the same.
+    Restored = 6,
 }
 
 /// What the presented `Last-Event-ID` means to the presented session.
@@ -122,13 +138,14 @@ pub enum Verdict {
 
 impl SessionFact {
     /// Every variant, in code order.
-    pub const ALL: [SessionFact; 6] = [
+    pub const ALL: [SessionFact; 7] = [
         SessionFact::Absent,
         SessionFact::Live,
         SessionFact::Unknown,
         SessionFact::PreviousBoot,
         SessionFact::WrongPrincipal,
         SessionFact::Malformed,
+        SessionFact::Restored,
     ];
 
     /// The variant with wire code `code`, if this version knows it.
@@ -140,6 +157,7 @@ impl SessionFact {
             3 => Some(Self::PreviousBoot),
             4 => Some(Self::WrongPrincipal),
             5 => Some(Self::Malformed),
+            6 => Some(Self::Restored),
             _ => None,
         }
     }
@@ -147,6 +165,15 @@ impl SessionFact {
     /// The wire code.
     pub const fn code(self) -> u32 {
         self as u32
+    }
+
+    /// Whether the session is live for the presenter ([`Live`] or
+    /// [`Restored`]): the facts under which its cursor is checked.
+    ///
+    /// [`Live`]: SessionFact::Live
+    /// [`Restored`]: SessionFact::Restored
+    pub const fn is_live(self) -> bool {
+        matches!(self, SessionFact::Live | SessionFact::Restored)
     }
 }
 
@@ -392,7 +419,7 @@ impl ResumeFacts {
 /// Unknown codes (`None`) get the most conservative answer for their side.
 pub const fn default_verdict(session: Option<SessionFact>, cursor: Option<CursorFact>) -> Verdict {
     match session {
-        Some(SessionFact::Live) => match cursor {
+        Some(SessionFact::Live | SessionFact::Restored) => match cursor {
             Some(CursorFact::Absent) => Verdict::Fresh,
             Some(CursorFact::Malformed) => Verdict::BadRequest,
             Some(CursorFact::Foreign) => Verdict::Conflict,
@@ -429,7 +456,7 @@ pub const fn safe_set(session: Option<SessionFact>, cursor: Option<CursorFact>) 
         .with(Verdict::FreshReset)
         .with(Verdict::FreshGap);
     match session {
-        Some(SessionFact::Live) => match cursor {
+        Some(SessionFact::Live | SessionFact::Restored) => match cursor {
             Some(CursorFact::InWindow) => fresh.with(Verdict::Resume),
             Some(CursorFact::Unchecked) | None => VerdictSet::REJECTIONS,
             Some(_) => fresh,
@@ -461,7 +488,7 @@ mod tests {
         for s in SessionFact::ALL {
             for c in CursorFact::ALL {
                 let f = ResumeFacts::new(s, c).with_safe_set();
-                let ok = s == SessionFact::Live && c == CursorFact::InWindow;
+                let ok = s.is_live() && c == CursorFact::InWindow;
                 assert_eq!(f.allowed.contains(Verdict::Resume), ok, "{s:?} {c:?}");
             }
         }

@@ -48,6 +48,42 @@ pub enum Command {
     Demo,
     /// Load an MCP server with verifying clients and report throughput, latency and violations
     Load(rewind_load::LoadArgs),
+    /// Inspect a data directory of durable sessions
+    #[command(subcommand)]
+    Data(DataCommand),
+}
+
+/// `rewind data ...`
+#[derive(Debug, Subcommand)]
+pub enum DataCommand {
+    /// Verify a data directory offline (header, lock, journal checksums,
+    /// segment chains, event checksums) and print what a restart would
+    /// restore; exits non-zero if anything is damaged
+    Check {
+        /// The data directory
+        #[arg(value_name = "DIR")]
+        dir: PathBuf,
+    },
+}
+
+/// Runs a `rewind data` command. A damaged directory is an error (non-zero
+/// exit) after its report is printed.
+pub fn run_data(command: DataCommand) -> Result<(), CommandError> {
+    match command {
+        DataCommand::Check { dir } => {
+            let report = rewind_engine::durable::check(&dir)
+                .map_err(|e| CommandError(format!("data check: {e}")))?;
+            println!("{report}");
+            if report.is_clean() {
+                Ok(())
+            } else {
+                Err(CommandError(format!(
+                    "data check: {} is damaged (a restart skips the damaged parts)",
+                    dir.display()
+                )))
+            }
+        }
+    }
 }
 
 /// `rewind policy ...`

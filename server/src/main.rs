@@ -44,6 +44,7 @@ fn main() -> ExitCode {
         ),
         Some(Command::Policy(command)) => cli::run_policy(command).map_err(Into::into),
         Some(Command::Demo) => demo::run(),
+        Some(Command::Data(command)) => cli::run_data(command).map_err(Into::into),
         Some(Command::Load(args)) => return rewind_load::main(args),
     };
     match result {
@@ -83,6 +84,22 @@ fn serve(args: &ServeArgs, matches: &ArgMatches) -> Result<(), BoxError> {
         Some(dir) => Some(open_policy_store(dir, &host)?),
     };
     let engine = Engine::with_policy(settings.engine.clone(), Arc::clone(&host) as _)?;
+    if let Some(report) = engine.recovery() {
+        // Restored engine sessions keep their events, but the MCP session
+        // state is not rebuilt yet (issue 8): until it is, their ids answer
+        // 404 as after a restart on the heap.
+        tracing::info!(
+            dir = %report.dir.display(),
+            boot = report.boot_counter,
+            sessions = report.sessions,
+            events = report.events,
+            bytes = report.bytes,
+            ms = report.ms,
+            damaged_frames = report.damaged_frames,
+            torn_records = report.torn_records,
+            "data directory opened: {report}"
+        );
+    }
     let metrics = Arc::new(ServerMetrics::new());
     let (token, token_configured) = match &settings.admin_token {
         Some(t) => (t.clone(), true),

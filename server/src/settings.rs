@@ -36,6 +36,8 @@
 //! max_sessions_per_principal = 10000
 //! idle_ttl_secs = 1800             # a session idle this long ends
 //! max_resume_age_secs = 600        # told to the policy; unset by default
+//! data_dir = "data"                # durable pool + session journal; default: heap
+//! sync = "none"                    # durable pools: "none", "every-append" or "100ms"
 //! ```
 
 use std::fmt;
@@ -109,6 +111,14 @@ pub struct ServeArgs {
     /// Oldest disconnect, in seconds, a strict policy may still resume [default: unset]
     #[arg(long, env = "REWIND_MAX_RESUME_AGE_SECS", value_name = "SECS")]
     pub max_resume_age_secs: Option<u64>,
+    /// Directory for the durable event pool and session journal (created if
+    /// missing, locked while the server runs) [default: none, events on the heap]
+    #[arg(long, env = "REWIND_DATA_DIR", value_name = "DIR")]
+    pub data_dir: Option<PathBuf>,
+    /// When a durable pool is forced to disk: `none`, `every-append`, or an
+    /// interval such as `100ms` [default: none]
+    #[arg(long, env = "REWIND_SYNC", value_name = "POLICY")]
+    pub sync: Option<String>,
     /// Host names the MCP endpoint accepts in `Host`, comma-separated; `*`: any (no DNS-rebinding protection) [default: loopback names only]
     #[arg(
         long,
@@ -236,6 +246,10 @@ pub struct EngineFileSettings {
     pub idle_ttl_secs: Option<u64>,
     /// `engine.max_resume_age_secs`
     pub max_resume_age_secs: Option<u64>,
+    /// `engine.data_dir`, relative to the file's directory
+    pub data_dir: Option<PathBuf>,
+    /// `engine.sync`
+    pub sync: Option<String>,
 }
 
 /// Everything `rewind serve` runs with, resolved and checked.
@@ -359,7 +373,11 @@ impl FileSettings {
             message: e.to_string(),
         })?;
         if let Some(dir) = path.parent() {
-            for relative in [&mut file.policy, &mut file.policy_dir] {
+            for relative in [
+                &mut file.policy,
+                &mut file.policy_dir,
+                &mut file.engine.data_dir,
+            ] {
                 if let Some(p) = relative.as_ref().filter(|p| p.is_relative()) {
                     let joined = dir.join(p);
                     *relative = Some(joined);
@@ -398,6 +416,19 @@ impl Resolver<'_> {
     }
 }
 
+/// `none`, `every-append`, or `N` milliseconds written `Nms`.
+fn parse_sync(text: &str) -> Option<rewind_engine::SyncPolicy> {
+    use rewind_engine::SyncPolicy;
+    match text.trim() {
+        "none" => Some(SyncPolicy::None),
+        "every-append" => Some(SyncPolicy::EveryAppend),
+        t => t
+            .strip_suffix("ms")
+            .and_then(|n| n.trim().parse().ok())
+            .map(SyncPolicy::EveryMs),
+    }
+}
+
 fn flag_name(id: &'static str) -> &'static str {
     match id {
         "listen" => "listen",
@@ -414,6 +445,8 @@ fn flag_name(id: &'static str) -> &'static str {
         "max_sessions_per_principal" => "max-sessions-per-principal",
         "idle_ttl_secs" => "idle-ttl-secs",
         "max_resume_age_secs" => "max-resume-age-secs",
+        "data_dir" => "data-dir",
+        "sync" => "sync",
         "allowed_hosts" => "allowed-hosts",
         "allowed_origins" => "allowed-origins",
         "cors" => "cors",
@@ -533,6 +566,13 @@ impl Settings {
             args.max_resume_age_secs,
             e.max_resume_age_secs,
         );
+        let (data_dir, _) = r.pick(
+            "data_dir",
+            "REWIND_DATA_DIR",
+            args.data_dir.clone(),
+            e.data_dir,
+        );
+        let (sync, sync_origin) = r.pick("sync", "REWIND_SYNC", args.sync.clone(), e.sync);
 
         let invalid =
             |key: &'static str, origin: &Origin, message: String| SettingsError::Invalid {
@@ -574,6 +614,19 @@ impl Settings {
             engine.idle_ttl = Duration::from_secs(secs);
         }
         engine.max_resume_age = max_resume_age_secs.map(Duration::from_secs);
+        engine.data_dir = data_dir;
+        if let Some(text) = sync {
+            engine.sync = parse_sync(&text).ok_or_else(|| {
+                invalid(
+                    "engine.sync",
+                    &sync_origin,
+                    format!(
+                        "{text:?} is not a sync policy: use \"none\", \"every-append\" or \
+                             an interval such as \"100ms\""
+                    ),
+                )
+            })?;
+        }
         if let Err(e) = engine.validate() {
             // The engine words the problem; name the key it is about.
             use rewind_engine::ConfigError as E;
@@ -591,6 +644,7 @@ impl Settings {
                     setting: "max_sessions",
                 } => ("engine.max_sessions", sessions_origin),
                 E::ZeroCap { .. } => ("engine.max_sessions_per_principal", per_principal_origin),
+                E::ZeroSyncInterval => ("engine.sync", sync_origin),
                 _ => ("engine.idle_ttl_secs", ttl_origin),
             };
             return Err(invalid(key, &origin, e.to_string()));
@@ -746,6 +800,46 @@ mod tests {
 
     fn parse(text: &str) -> Result<FileSettings, SettingsError> {
         FileSettings::parse(text, Path::new("/etc/rewind/rewind.toml"))
+    }
+
+    #[test]
+    fn the_data_dir_and_sync_policy_reach_the_engine_config() {
+        let file = parse("[engine]\ndata_dir = \"state\"\nsync = \"every-append\"\n").unwrap();
+        let s =
+            Settings::resolve_with_file(&ServeArgs::default(), None, file, Some(Path::new("x")))
+                .unwrap();
+        assert_eq!(
+            s.engine.data_dir.as_deref(),
+            Some(Path::new("/etc/rewind/state")),
+            "relative to the file"
+        );
+        assert_eq!(s.engine.sync, rewind_engine::SyncPolicy::EveryAppend);
+        let args = ServeArgs {
+            data_dir: Some(PathBuf::from("/var/lib/rewind")),
+            sync: Some("250ms".to_owned()),
+            ..ServeArgs::default()
+        };
+        let s = Settings::resolve(&args, None).unwrap();
+        assert_eq!(
+            s.engine.data_dir.as_deref(),
+            Some(Path::new("/var/lib/rewind"))
+        );
+        assert_eq!(s.engine.sync, rewind_engine::SyncPolicy::EveryMs(250));
+        for bad in ["sometimes", "0ms", "ms"] {
+            let args = ServeArgs {
+                sync: Some(bad.to_owned()),
+                ..ServeArgs::default()
+            };
+            let e = Settings::resolve(&args, None).unwrap_err().to_string();
+            assert!(e.contains("engine.sync"), "{bad}: {e}");
+        }
+        assert_eq!(
+            Settings::resolve(&ServeArgs::default(), None)
+                .unwrap()
+                .engine
+                .data_dir,
+            None
+        );
     }
 
     #[test]

@@ -309,3 +309,41 @@ fn serve_starts_with_a_policy_file_and_refuses_a_bad_one() {
         "{stderr}"
     );
 }
+
+#[test]
+fn serve_keeps_its_events_in_a_data_dir_that_a_second_server_cannot_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().to_str().unwrap();
+    let small = ["--global-bytes", "8388608", "--max-event-bytes", "65536"];
+    let mut args = vec![
+        "--listen",
+        "127.0.0.1:0",
+        "--admin-listen",
+        "127.0.0.1:0",
+        "--data-dir",
+        data,
+    ];
+    args.extend(small);
+    let first = start(&args);
+    initialize(&first.mcp_url);
+    assert!(dir.path().join("pool").exists() && dir.path().join("LOCK").exists());
+    let out = clean_command()
+        .arg("serve")
+        .args(["--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"])
+        .args(["--data-dir", data])
+        .args(small)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = text(&out.stderr);
+    assert!(stderr.contains("locked by another process"), "{stderr}");
+    drop(first);
+    // The killed server's session is in the directory.
+    let out = clean_command()
+        .args(["data", "check", data])
+        .output()
+        .unwrap();
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{stdout}{}", text(&out.stderr));
+    assert!(stdout.contains("1 sessions"), "{stdout}");
+}

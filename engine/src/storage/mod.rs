@@ -9,8 +9,9 @@
 //! session's retention. Events are written back to back into the head
 //! segment, so a replay copies long runs of contiguous words. Segments are
 //! addressed by unit index and word offset, never by pointer, and every
-//! header is `Pod`: the same bytes can live in a memory-mapped file.
-//! [`layout`] draws the words.
+//! header is `Pod`: the same bytes can live in a memory-mapped file
+//! ([`backing`]; `crate::durable` opens the file, [`recover`] rebuilds the
+//! windows from it after a restart). [`layout`] draws the words.
 //!
 //! # Append (any number of writers per session)
 //!
@@ -122,10 +123,14 @@ pub(crate) mod backing;
 pub(crate) mod freelist;
 pub(crate) mod layout;
 pub(crate) mod pool;
+#[cfg(not(loom))]
+pub(crate) mod recover;
 pub(crate) mod window;
 
 #[cfg(all(test, loom))]
 mod loom_tests;
+#[cfg(all(test, not(loom)))]
+mod recover_tests;
 #[cfg(all(test, not(loom)))]
 mod tests;
 

@@ -132,6 +132,51 @@ impl Pool {
         }
     }
 
+    /// Puts every unit `used` does not mark on the free lists, as
+    /// buddy-aligned blocks of the largest classes that fit (recovery of a
+    /// durable pool). A unit left with an odd stamp (owned when the process
+    /// died, and not recovered) gets the even stamp of a free unit first,
+    /// so no later recovery mistakes its stale header for a live segment.
+    pub(crate) fn free_unused(&self, used: &[bool]) {
+        let units = self.shape.units as usize;
+        assert_eq!(used.len(), units);
+        let mut before = Vec::with_capacity(units + 1);
+        before.push(0u32);
+        for (unit, &u) in used.iter().enumerate() {
+            before.push(before[unit] + u32::from(u));
+            if !u {
+                let stamp = self.stamp(unit as u32);
+                let s = stamp.load(Ordering::Relaxed);
+                if s & 1 == 1 {
+                    stamp.store(s.wrapping_add(1), Ordering::Relaxed);
+                }
+            }
+        }
+        let all_free = |from: usize, n: usize| before[from + n] == before[from];
+        let mut unit = 0usize;
+        while unit < units {
+            if used[unit] {
+                unit += 1;
+                continue;
+            }
+            let class = (0..=self.shape.top_class)
+                .rev()
+                .find(|&c| {
+                    let n = 1usize << c;
+                    unit.is_multiple_of(n) && unit + n <= units && all_free(unit, n)
+                })
+                .expect("class 0 fits a free unit");
+            self.push(unit as u32, class);
+            unit += 1 << class;
+        }
+        fence(Ordering::Release);
+    }
+
+    /// Forces a durable pool's dirty pages to its file (no-op on the heap).
+    pub(crate) fn sync(&self) -> std::io::Result<()> {
+        self.backing.sync()
+    }
+
     pub(crate) fn shape(&self) -> PoolShape {
         self.shape
     }

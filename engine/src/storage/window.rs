@@ -188,6 +188,17 @@ impl Window {
         }
     }
 
+    /// A window over a recovered chain from `oldest` to `head` holding
+    /// `held_units` (durable pools; `recover` proved the chain).
+    #[cfg(not(loom))]
+    pub(crate) fn restored(oldest: SegRef, head: SegRef, held_units: u32) -> Window {
+        Window {
+            head: AtomicU64::new(head.pack()),
+            oldest: AtomicU64::new(oldest.pack()),
+            held_units: AtomicU32::new(held_units),
+        }
+    }
+
     /// Whether the window holds no segment (nothing was ever appended, or
     /// it is closed).
     pub(crate) fn is_empty(&self) -> bool {

@@ -25,7 +25,7 @@ rewind_policy! {
     /// The decision table.
     pub fn decide(facts: &ResumeFacts) -> Verdict {
         match facts.session_fact() {
-            Some(SessionFact::Live) => match facts.cursor_fact() {
+            Some(SessionFact::Live | SessionFact::Restored) => match facts.cursor_fact() {
                 Some(CursorFact::Absent) => Verdict::Fresh,
                 Some(CursorFact::Malformed) => Verdict::BadRequest,
                 Some(CursorFact::Foreign) => Verdict::Conflict,

@@ -312,7 +312,7 @@ rewind_policy! {
     /// operator's `max_resume_age_secs` (when one is set) gets a fresh
     /// stream with a `gap` signal instead of a replay.
     pub fn decide(facts: &ResumeFacts) -> Verdict {
-        let in_window = facts.session_fact() == Some(SessionFact::Live)
+        let in_window = facts.session_fact().is_some_and(SessionFact::is_live)
             && facts.cursor_fact() == Some(CursorFact::InWindow);
         let limit = facts.max_resume_age_ms;
         if in_window && limit != 0 && (facts.cursor_age_ms == UNKNOWN || facts.cursor_age_ms > limit) {

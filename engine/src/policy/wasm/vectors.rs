@@ -5,14 +5,14 @@
 
 use rewind_policy_sdk::{CursorFact, ResumeFacts, SessionFact, UNKNOWN};
 
-/// One fact set per (session fact × cursor fact) pair (48 rows), each with
+/// One fact set per (session fact × cursor fact) pair (56 rows), each with
 /// numbers that fit the row, and `allowed`/`default_verdict` filled in.
 pub fn decision_table() -> Vec<ResumeFacts> {
     let mut rows = Vec::with_capacity(SessionFact::ALL.len() * CursorFact::ALL.len());
     for session in SessionFact::ALL {
         for cursor in CursorFact::ALL {
             let mut facts = ResumeFacts::new(session, cursor);
-            if session == SessionFact::Live || session == SessionFact::WrongPrincipal {
+            if session.is_live() || session == SessionFact::WrongPrincipal {
                 facts.high_water = 120;
                 facts.oldest_retained = 57;
                 facts.idle_ms = 1_500;

@@ -1,0 +1,490 @@
+//! Recovery of a durable pool: rebuilds the windows of the sessions a
+//! journal names from the segments their headers claim, keeps every frame
+//! that proves itself, and hands everything else back to the free lists.
+//!
+//! # What proves a frame
+//!
+//! A frame is kept when its table entry and its completion mark carry its
+//! segment's stamp (written before and as the frame's last store, so a
+//! frame whose writer died mid-copy has no mark), its length fits the
+//! segment, and the CRC-32 of its payload matches the `check` half of its
+//! meta word (a mark written before the payload reached the device after a
+//! power loss, or a flipped bit, fails it).
+//!
+//! A frame without a mark is *unfinished*: its `append` never returned, so
+//! nobody was told it exists. A frame with a mark that fails its check is
+//! *damaged*: it may have been acknowledged and delivered.
+//!
+//! # What proves a chain
+//!
+//! A session's segments are the owned ones (odd stamp) whose header names
+//! its owner tag and epoch. They link up where a segment's state says
+//! *sealed → next* and `next`'s header names it as `prev`; a segment that
+//! merely claims a predecessor (a spare prepared by an appender that lost
+//! the race to seal) is not on the chain. Of the chains found, the one that
+//! reaches the highest sequence number is the window.
+//!
+//! Then, walking the chain from its oldest segment:
+//!
+//! - an unfinished frame with a readable frame after it (another writer of
+//!   the session went on), or anywhere in a sealed segment, becomes a
+//!   *placeholder*: a frame with a zero payload on the reserved stream
+//!   `u32::MAX`, which no append may name and so no reader of a real stream
+//!   delivers. Its number is skipped; nothing is lost that was acknowledged,
+//!   and no reader stalls behind the hole;
+//! - unfinished frames at the end of the head are dropped: the head's state
+//!   is rewound to the last readable frame and the words after it are
+//!   zeroed (so no stale mark or table entry of the same stamp survives to
+//!   be read), and their numbers are handed out again;
+//! - a damaged frame is never delivered, and no number it or a later frame
+//!   had is reused: in a sealed segment, that segment and every older one
+//!   are dropped (readers of what they held get a `gap`); in the head, the
+//!   head is emptied and restarts after the last claimed number, alone
+//!   (older segments dropped, `gap`).
+//!
+//! A session whose segments overlap another's, or whose head is sealed with
+//! no successor, cannot be proven and is not restored.
+//!
+//! Cost: one pass over the stamps (two words per unit, outside the data),
+//! the headers of owned segments, and the frames of the restored chains:
+//! proportional to the pool's unit count plus what is retained.
+
+use std::collections::HashMap;
+
+use super::layout::{
+    frame_words, mark, mark_len, meta, table_entry, table_offset, SegRef, SegmentHeader, State,
+    FRAME_HEADER_WORDS, HEADER_WORDS, MAX_COUNT, WORD_BYTES,
+};
+use super::pool::Pool;
+use super::window::{Owner, Window};
+use crate::sync::{AtomicU64, Ordering};
+
+/// What recovery restored and dropped.
+#[derive(Debug, Default)]
+pub(crate) struct Recovery {
+    /// One entry per owner asked for, in order: its window, or `None` when
+    /// it could not be proven.
+    pub(crate) windows: Vec<Option<Window>>,
+    /// Frames kept, over all windows.
+    pub(crate) events: u64,
+    /// Their payload bytes.
+    pub(crate) bytes: u64,
+    /// Frames with a mark that failed their check, plus the frames after
+    /// them in their segment.
+    pub(crate) damaged_frames: u64,
+    /// Owned segments not kept (unreachable, or behind damage).
+    pub(crate) dropped_segments: u64,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Candidate {
+    seg: SegRef,
+    class: u8,
+    header: SegmentHeader,
+}
+
+/// What a segment's frames prove, once its holes are filled.
+#[derive(Clone, Copy, Debug)]
+struct Prefix {
+    /// Frames readable from the segment's start: proven ones and the
+    /// placeholders between them (and, in a sealed segment, after them).
+    valid: u32,
+    /// Proven frames among them.
+    events: u32,
+    /// Payload bytes of the proven frames.
+    bytes: u64,
+    /// Word offset right after the last readable frame.
+    end: usize,
+    /// Whether a frame had a mark but failed its check (damage), not just
+    /// an unfinished write.
+    damaged: bool,
+}
+
+/// One frame of a segment, as recovery finds it.
+#[derive(Clone, Copy, Debug)]
+enum Found {
+    /// Its table entry and mark carry the segment's stamp and its payload
+    /// passes its check: words `off..end`.
+    Proven { off: usize, end: usize, len: u32 },
+    /// Its writer had not finished (no mark, or no table entry): its
+    /// `append` never returned.
+    Unfinished,
+    /// A mark, but a length that does not fit or a failed check.
+    Damaged,
+}
+
+fn header_at(pool: &Pool, unit: u32) -> SegmentHeader {
+    let words = pool.segment(unit, 0);
+    let mut values = [0u64; HEADER_WORDS];
+    for (v, w) in values.iter_mut().zip(&words[..HEADER_WORDS]) {
+        *v = w.load(Ordering::Relaxed);
+    }
+    SegmentHeader::from_words(values)
+}
+
+/// Rebuilds the windows of `owners` in `pool` (whose free lists must be
+/// empty: recovery fills them) and frees everything else. Runs before the
+/// pool is shared: no other thread touches it.
+pub(crate) fn recover(pool: &Pool, owners: &[Owner]) -> Recovery {
+    let units = pool.shape().units;
+    let index: HashMap<(u64, u64), usize> = owners
+        .iter()
+        .enumerate()
+        .map(|(i, o)| ((o.tag, o.epoch), i))
+        .collect();
+    let mut by_owner: Vec<Vec<Candidate>> = vec![Vec::new(); owners.len()];
+    let mut owned = 0u64;
+    for unit in 0..units {
+        let stamp = pool.stamp_now(unit, Ordering::Relaxed);
+        if stamp & 1 == 0 {
+            continue;
+        }
+        let header = header_at(pool, unit);
+        if !pool.valid(unit, header.class()) {
+            continue;
+        }
+        owned += 1;
+        if let Some(&i) = index.get(&(header.owner_tag, header.owner_epoch)) {
+            by_owner[i].push(Candidate {
+                seg: SegRef { unit, stamp },
+                class: header.class(),
+                header,
+            });
+        }
+    }
+    let mut used = vec![false; units as usize];
+    let mut out = Recovery::default();
+    let mut kept = 0u64;
+    for (i, candidates) in by_owner.iter().enumerate() {
+        let window = if candidates.is_empty() {
+            Some(Window::new())
+        } else {
+            restore(pool, owners[i], candidates, &mut used, &mut out, &mut kept)
+        };
+        out.windows.push(window);
+    }
+    out.dropped_segments = owned - kept;
+    pool.free_unused(&used);
+    out
+}
+
+/// Restores one owner's window from its candidate segments.
+fn restore(
+    pool: &Pool,
+    owner: Owner,
+    candidates: &[Candidate],
+    used: &mut [bool],
+    out: &mut Recovery,
+    kept_segments: &mut u64,
+) -> Option<Window> {
+    let at: HashMap<u32, usize> = candidates
+        .iter()
+        .enumerate()
+        .map(|(i, c)| (c.seg.unit, i))
+        .collect();
+    // successor[i]: the candidate that follows candidate i, if proven.
+    let mut successor = vec![None; candidates.len()];
+    let mut pointed = vec![false; candidates.len()];
+    for (i, c) in candidates.iter().enumerate() {
+        let state = State::decode(pool.state(c.seg.unit).load(Ordering::Relaxed), c.seg.stamp);
+        if let Some(State::Next { next }) = state {
+            if let Some(&j) = at.get(&next) {
+                if candidates[j].header.prev == c.seg.pack() {
+                    successor[i] = Some(j);
+                    pointed[j] = true;
+                }
+            }
+        }
+    }
+    // Every chain starts at a candidate nothing points to and that names no
+    // candidate as its predecessor (one that does is a spare an appender
+    // prepared and lost: the segment it names was sealed to another, or not
+    // at all). Keep the chain that reaches furthest, the longer on a tie.
+    let packs: std::collections::HashSet<u64> = candidates.iter().map(|c| c.seg.pack()).collect();
+    let mut best: Option<((u64, usize), Vec<usize>)> = None;
+    let roots = (0..candidates.len())
+        .filter(|&i| !pointed[i] && !packs.contains(&candidates[i].header.prev));
+    for root in roots {
+        let mut chain = vec![root];
+        while let Some(next) = successor[*chain.last().expect("non-empty")] {
+            if chain.len() > candidates.len() {
+                return None;
+            }
+            chain.push(next);
+        }
+        let head = &candidates[*chain.last().expect("non-empty")];
+        let reach = (
+            head.header.first_seq + u64::from(claimed(pool, head).unwrap_or(0)),
+            chain.len(),
+        );
+        if best.as_ref().is_none_or(|(r, _)| reach > *r) {
+            best = Some((reach, chain));
+        }
+    }
+    let (_, chain) = best?;
+    let chain: Vec<Candidate> = chain.into_iter().map(|i| candidates[i]).collect();
+    // The chain's memory must be its own.
+    for c in &chain {
+        let span = c.seg.unit as usize..c.seg.unit as usize + (1usize << c.class);
+        if used[span.clone()].iter().any(|&u| u) {
+            return None;
+        }
+    }
+    let head_i = chain.len() - 1;
+    let mut start = 0;
+    let mut prefixes = Vec::with_capacity(chain.len());
+    for (i, c) in chain.iter().enumerate() {
+        let count = if i < head_i {
+            let n = chain[i + 1]
+                .header
+                .first_seq
+                .checked_sub(c.header.first_seq)?;
+            (n <= u64::from(MAX_COUNT)).then_some(n as u32)
+        } else {
+            claimed(pool, c)
+        };
+        let Some(count) = count else {
+            // A sealed head without successor, or nonsense counts.
+            if i == head_i {
+                return None;
+            }
+            start = i + 1;
+            prefixes.push(None);
+            continue;
+        };
+        let p = prove(pool, c, count, i < head_i);
+        if p.damaged {
+            out.damaged_frames += u64::from(count - p.valid);
+            if i < head_i {
+                start = i + 1;
+            }
+        }
+        prefixes.push(Some((count, p)));
+    }
+    let head = chain[head_i];
+    let (count, p) = prefixes[head_i].expect("the head's count is known");
+    if p.damaged {
+        // Sequence numbers up to the last claimed one may have been
+        // acknowledged: restart the head after them, alone.
+        reset(pool, &head, owner, head.header.first_seq + u64::from(count));
+        start = head_i;
+    } else {
+        rewind(pool, &head, count, &p);
+    }
+    let kept = &chain[start..];
+    *kept_segments += kept.len() as u64;
+    if start > 0 {
+        // The new oldest segment names no predecessor: what it named is
+        // freed below and will be reused.
+        pool.segment(kept[0].seg.unit, 0)[4].store(0, Ordering::Relaxed);
+    }
+    let mut held = 0u32;
+    for (i, c) in kept.iter().enumerate() {
+        let span = c.seg.unit as usize..c.seg.unit as usize + (1usize << c.class);
+        used[span].iter_mut().for_each(|u| *u = true);
+        held += 1 << c.class;
+        if let Some((_, p)) = prefixes[start + i] {
+            if !(p.damaged && start + i == head_i) {
+                out.events += u64::from(p.events);
+                out.bytes += p.bytes;
+            }
+        }
+    }
+    Some(Window::restored(kept[0].seg, head.seg, held))
+}
+
+/// Frames claimed in an open (or closed-open) segment; `None` if it is
+/// sealed or its state belongs to another allocation.
+fn claimed(pool: &Pool, c: &Candidate) -> Option<u32> {
+    match State::decode(pool.state(c.seg.unit).load(Ordering::Relaxed), c.seg.stamp)? {
+        State::Open { count, .. } | State::Last { count, .. } => Some(count),
+        State::Next { .. } => None,
+    }
+}
+
+/// Classifies the first `count` frames of `c` and, unless one is damaged,
+/// turns every unfinished frame that has a readable frame after it (and, in
+/// a `sealed` segment, every unfinished frame) into a placeholder: a frame
+/// on the reserved stream `u32::MAX` with a zero payload, which no reader
+/// of a real stream ever delivers. So a writer killed while copying, while
+/// other writers of the session went on, leaves a number that is skipped,
+/// not a hole that stalls every reader behind it.
+fn prove(pool: &Pool, c: &Candidate, count: u32, sealed: bool) -> Prefix {
+    let segment = pool.segment(c.seg.unit, c.class);
+    let stamp = c.seg.stamp;
+    let table_low = segment.len().saturating_sub(count as usize);
+    let mut found = Vec::with_capacity(count as usize);
+    let mut payload = Vec::new();
+    let mut low = HEADER_WORDS;
+    for i in 0..count as usize {
+        let slot = segment.len() - 1 - i;
+        let Some(off) = table_offset(segment[slot].load(Ordering::Relaxed), stamp) else {
+            found.push(Found::Unfinished);
+            continue;
+        };
+        let off = off as usize;
+        let Some(len) = segment
+            .get(off)
+            .and_then(|w| mark_len(w.load(Ordering::Relaxed), stamp))
+        else {
+            found.push(Found::Unfinished);
+            continue;
+        };
+        let end = off + frame_words(len as usize);
+        if off < low || end > table_low {
+            found.push(Found::Damaged);
+            continue;
+        }
+        payload.clear();
+        for w in &segment[off + FRAME_HEADER_WORDS..end] {
+            payload.extend_from_slice(&w.load(Ordering::Relaxed).to_le_bytes());
+        }
+        let check = segment[off + 1].load(Ordering::Relaxed) as u32;
+        if crc32fast::hash(&payload[..len as usize]) != check {
+            found.push(Found::Damaged);
+            continue;
+        }
+        found.push(Found::Proven { off, end, len });
+        low = end;
+    }
+    let damaged = found.iter().any(|f| matches!(f, Found::Damaged));
+    let last_proven = found
+        .iter()
+        .rposition(|f| matches!(f, Found::Proven { .. }));
+    let valid = if sealed {
+        count as usize
+    } else {
+        last_proven.map_or(0, |i| i + 1)
+    };
+    let mut p = Prefix {
+        valid: 0,
+        events: 0,
+        bytes: 0,
+        end: HEADER_WORDS,
+        damaged,
+    };
+    if damaged {
+        // The caller drops what the damage touches; count what precedes it.
+        for f in &found {
+            match *f {
+                Found::Proven { end, len, .. } => {
+                    p.valid += 1;
+                    p.events += 1;
+                    p.bytes += u64::from(len);
+                    p.end = end;
+                }
+                _ => break,
+            }
+        }
+        return p;
+    }
+    let mut i = 0;
+    while i < valid {
+        if let Found::Proven { end, len, .. } = found[i] {
+            p.events += 1;
+            p.bytes += u64::from(len);
+            p.end = end;
+            i += 1;
+            continue;
+        }
+        // A run of unfinished frames i..j, then a proven one at `limit` (or
+        // the end of a sealed segment).
+        let j = (i..valid)
+            .find(|&k| matches!(found[k], Found::Proven { .. }))
+            .unwrap_or(valid);
+        let n = j - i;
+        let limit = match found.get(j) {
+            Some(Found::Proven { off, .. }) if j < valid => *off,
+            _ => p.end + n * FRAME_HEADER_WORDS,
+        };
+        if limit < p.end + n * FRAME_HEADER_WORDS || limit > table_low {
+            p.damaged = true;
+            return p;
+        }
+        // The first placeholder takes the room the others leave.
+        let mut at = p.end;
+        for k in i..j {
+            let words = if k == i {
+                limit - at - (n - 1) * FRAME_HEADER_WORDS
+            } else {
+                FRAME_HEADER_WORDS
+            };
+            placeholder(segment, stamp, k, at, words, c.header.opened_ms);
+            at += words;
+        }
+        p.end = at;
+        i = j;
+    }
+    p.valid = valid as u32;
+    p
+}
+
+/// Writes a placeholder frame `index` of `words` words at word `at`.
+fn placeholder(segment: &[AtomicU64], stamp: u32, index: usize, at: usize, words: usize, ms: u64) {
+    let len = (words - FRAME_HEADER_WORDS) * WORD_BYTES;
+    for w in &segment[at + FRAME_HEADER_WORDS..at + words] {
+        w.store(0, Ordering::Relaxed);
+    }
+    let zeros = vec![0u8; len];
+    segment[at + 1].store(
+        meta(PLACEHOLDER_STREAM, crc32fast::hash(&zeros)),
+        Ordering::Relaxed,
+    );
+    segment[at + 2].store(ms, Ordering::Relaxed);
+    segment[segment.len() - 1 - index].store(table_entry(stamp, at as u32), Ordering::Relaxed);
+    segment[at].store(mark(stamp, len as u32), Ordering::Relaxed);
+}
+
+/// The stream of placeholder frames: the one no append may name.
+const PLACEHOLDER_STREAM: u32 = u32::MAX;
+
+/// Rewinds the head `c` to its valid prefix: state, and zeroed words where
+/// the unfinished frames and their table entries were.
+fn rewind(pool: &Pool, c: &Candidate, count: u32, p: &Prefix) {
+    let segment = pool.segment(c.seg.unit, c.class);
+    let used_end = match State::decode(pool.state(c.seg.unit).load(Ordering::Relaxed), c.seg.stamp)
+    {
+        Some(State::Open { used, .. } | State::Last { used, .. }) => {
+            HEADER_WORDS + used as usize / WORD_BYTES
+        }
+        _ => p.end,
+    };
+    let table_low = segment.len() - count as usize;
+    for w in &segment[p.end..used_end.min(table_low).max(p.end)] {
+        w.store(0, Ordering::Relaxed);
+    }
+    for w in &segment[table_low..segment.len() - p.valid as usize] {
+        w.store(0, Ordering::Relaxed);
+    }
+    let used = ((p.end - HEADER_WORDS) * WORD_BYTES) as u32;
+    pool.state(c.seg.unit).store(
+        State::Open {
+            count: p.valid,
+            used,
+        }
+        .encode(c.seg.stamp),
+        Ordering::Relaxed,
+    );
+}
+
+/// Empties the head `c` and restarts it at `first_seq`, alone in its chain.
+fn reset(pool: &Pool, c: &Candidate, owner: Owner, first_seq: u64) {
+    let segment = pool.segment(c.seg.unit, c.class);
+    for w in &segment[HEADER_WORDS..] {
+        w.store(0, Ordering::Relaxed);
+    }
+    let header = SegmentHeader {
+        owner_tag: owner.tag,
+        owner_epoch: owner.epoch,
+        first_seq,
+        prev: 0,
+        ..c.header
+    };
+    for (w, v) in segment[..HEADER_WORDS].iter().zip(header.to_words()) {
+        w.store(v, Ordering::Relaxed);
+    }
+    pool.state(c.seg.unit).store(
+        State::Open { count: 0, used: 0 }.encode(c.seg.stamp),
+        Ordering::Relaxed,
+    );
+}

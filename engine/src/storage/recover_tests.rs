@@ -1,0 +1,147 @@
+//! Recovery on hand-made crash states: a pool is filled through the real
+//! append path, its words are copied into a fresh pool (what a restart
+//! maps), the crash is simulated on the copy, and recovery runs on it.
+
+use super::backing::Backing;
+use super::layout::{table_offset, SegRef, SegmentHeader, State, HEADER_WORDS};
+use super::*;
+use crate::sync::Ordering;
+
+const A: Owner = Owner { tag: 0xa, epoch: 1 };
+
+fn shape() -> PoolShape {
+    PoolShape {
+        units: 16,
+        unit_words: 16,
+        top_class: 4,
+    }
+}
+
+fn keep() -> Retention {
+    Retention {
+        max_events: 1000,
+        max_bytes: 1 << 20,
+        first_class: 0,
+        grow_class: 2,
+    }
+}
+
+/// The words of `p` in a fresh pool with empty free lists.
+fn restart(p: &Pool) -> Pool {
+    let backing = Backing::heap(shape().total_words());
+    for (to, from) in backing.words().iter().zip(p_words(p)) {
+        to.store(from, Ordering::Relaxed);
+    }
+    Pool::over(backing, shape())
+}
+
+fn p_words(p: &Pool) -> Vec<u64> {
+    let s = shape();
+    let mut out = Vec::new();
+    for u in 0..s.units {
+        out.push(p.stamp(u).load(Ordering::Relaxed));
+    }
+    for u in 0..s.units {
+        out.push(p.state(u).load(Ordering::Relaxed));
+    }
+    for u in 0..s.units {
+        out.extend(p.segment(u, 0).iter().map(|w| w.load(Ordering::Relaxed)));
+    }
+    out
+}
+
+/// A pool crc-checked like a durable one: every payload's check is its
+/// CRC-32.
+fn append(w: &Window, p: &Pool, stream: u32, payload: &[u8]) -> u64 {
+    w.append(p, A, &keep(), stream, 0, payload, crc32fast::hash(payload))
+        .unwrap()
+}
+
+fn read_all(w: &Window, p: &Pool, stream: u32) -> Vec<(u64, Vec<u8>)> {
+    let mut c = w.cursor_after(0);
+    let mut out = Vec::new();
+    let mut buf = Vec::new();
+    loop {
+        match w.read(p, A, &mut c, Some(stream), &mut buf) {
+            Read::Event(m) => out.push((m.seq, buf.clone())),
+            Read::Pending | Read::Ended => return out,
+            Read::Lagged { missing } => panic!("lagged at {missing}"),
+        }
+    }
+}
+
+#[test]
+fn a_spare_that_names_the_head_as_predecessor_never_wins_over_the_chain() {
+    let p = Pool::new(shape());
+    // The first allocation of this pool is its lowest unit: the spare
+    // below sits before every segment of the chain in recovery's scan.
+    let spare = p.alloc(0).unwrap();
+    assert_eq!(spare.unit, 0);
+    // One event: the chain is one segment, as long as the spare's.
+    let w = Window::new();
+    append(&w, &p, 1, &[7; 20]);
+    let head = SegRef::unpack(w.head_word()).unwrap();
+    let high = w.high_water(&p);
+    let after = restart(&p);
+    // An appender prepared `spare` to follow the head, then died.
+    let header = SegmentHeader {
+        owner_tag: A.tag,
+        owner_epoch: A.epoch,
+        first_seq: high + 1,
+        prev: head.pack(),
+        ..SegmentHeader::default()
+    };
+    for (word, v) in after.segment(0, 0)[..HEADER_WORDS]
+        .iter()
+        .zip(header.to_words())
+    {
+        word.store(v, Ordering::Relaxed);
+    }
+    after.state(0).store(
+        State::Open { count: 0, used: 0 }.encode(spare.stamp),
+        Ordering::Relaxed,
+    );
+    let r = recover::recover(&after, &[A]);
+    let w = r.windows[0].as_ref().expect("proven");
+    assert_eq!(w.high_water(&after), high);
+    assert_eq!(read_all(w, &after, 1), vec![(1, vec![7; 20])]);
+    assert_eq!(r.dropped_segments, 1, "the spare is freed");
+    assert_eq!(after.stamp_now(0, Ordering::Relaxed) & 1, 0);
+}
+
+#[test]
+fn an_unfinished_frame_between_finished_ones_becomes_a_skipped_placeholder() {
+    let p = Pool::new(shape());
+    let w = Window::new();
+    for i in 1..=16u8 {
+        append(&w, &p, 1, &[i; 20]);
+    }
+    // Segments of 1, 3, 8, ... frames. The second one (sealed, events 2 to
+    // 4) lost the mark of its middle frame, event 3: its writer was killed
+    // after other writers went on.
+    let after = restart(&p);
+    let second = (0..shape().units)
+        .find(|&u| {
+            let stamp = after.stamp_now(u, Ordering::Relaxed);
+            stamp & 1 == 1 && after.segment(u, 0)[3].load(Ordering::Relaxed) == 2
+        })
+        .expect("the second segment");
+    let stamp = after.stamp_now(second, Ordering::Relaxed);
+    let seg = after.segment(second, 1);
+    let entry = seg[seg.len() - 2].load(Ordering::Relaxed);
+    let offset = table_offset(entry, stamp).unwrap() as usize;
+    seg[offset].store(0, Ordering::Relaxed);
+    let r = recover::recover(&after, &[A]);
+    assert_eq!(r.damaged_frames, 0, "an unfinished frame is not damage");
+    let w = r.windows[0].as_ref().expect("proven");
+    let seqs: Vec<u64> = read_all(w, &after, 1).iter().map(|(s, _)| *s).collect();
+    let want: Vec<u64> = (1..=16).filter(|&s| s != 3).collect();
+    assert_eq!(
+        seqs, want,
+        "every finished event, the unfinished one skipped"
+    );
+    for (seq, bytes) in read_all(w, &after, 1) {
+        assert_eq!(bytes, vec![seq as u8; 20]);
+    }
+    assert_eq!(append(w, &after, 1, b"next"), 17);
+}

@@ -1,0 +1,500 @@
+//! Durable pools: a data directory that survives the engine, refusals of
+//! directories that cannot be trusted, and recovery of damaged ones.
+
+use std::path::Path;
+
+use rewind_engine::durable::DataDirError;
+use rewind_engine::{
+    Config, ConfigError, Engine, ReplayError, ResumeAction, ResumeRequest, SessionFact,
+    SessionHandle, SessionId, Verdict,
+};
+
+fn config(dir: &Path) -> Config {
+    let mut c = Config::default();
+    c.global_bytes = 4 << 20;
+    c.max_segment_bytes = 4096;
+    c.max_event_bytes = 16 * 1024;
+    c.session_events = 10_000;
+    c.session_bytes = 1 << 30;
+    c.data_dir = Some(dir.to_owned());
+    c
+}
+
+fn payload(session: usize, seq: u64) -> Vec<u8> {
+    let len = 5 + (seq as usize * 37) % 300;
+    let unit = format!("s{session}e{seq}|");
+    unit.bytes().cycle().take(len).collect()
+}
+
+/// Every event of `stream` still held, from the oldest: (seq, payload).
+fn replay_all(h: &SessionHandle, stream: u32) -> Vec<(u64, Vec<u8>)> {
+    let mut r = h.subscribe_from_start(stream);
+    let mut out = Vec::new();
+    let mut buf = Vec::new();
+    loop {
+        match r.next_into(&mut buf) {
+            Ok(Some(id)) => out.push((id.seq, buf.clone())),
+            Ok(None) => return out,
+            Err(ReplayError::Lagged { .. }) => {
+                r.skip_gap();
+            }
+            Err(e) => panic!("replay failed: {e}"),
+        }
+    }
+}
+
+fn data_dir_error(c: Config) -> DataDirError {
+    match Engine::new(c).unwrap_err() {
+        ConfigError::DataDir(e) => e,
+        other => panic!("expected a data_dir error, got {other}"),
+    }
+}
+
+#[test]
+fn a_new_directory_is_made_and_every_reopen_has_a_larger_boot_counter_and_epochs() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut last_boot = 0;
+    let mut last_epoch = 0;
+    for round in 0..4 {
+        let e = Engine::new(config(dir.path())).unwrap();
+        let report = e.recovery().expect("durable").clone();
+        assert_eq!(report.created, round == 0);
+        assert!(report.boot_counter > last_boot, "{report:?}");
+        last_boot = report.boot_counter;
+        assert!(e.boot_epoch() > last_epoch);
+        let s = e.open(None).unwrap();
+        assert!(s.epoch() >= e.boot_epoch());
+        assert!(s.epoch() > last_epoch);
+        last_epoch = s.epoch();
+    }
+}
+
+#[test]
+fn a_second_engine_on_an_open_directory_is_refused_as_locked() {
+    let dir = tempfile::tempdir().unwrap();
+    let first = Engine::new(config(dir.path())).unwrap();
+    let e = data_dir_error(config(dir.path()));
+    assert!(matches!(e, DataDirError::Locked { .. }), "{e}");
+    assert!(e.to_string().contains("locked by another process"));
+    drop(first);
+    Engine::new(config(dir.path())).expect("the lock goes with the engine");
+}
+
+#[test]
+fn a_pool_file_of_another_layout_is_refused_and_left_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    drop(Engine::new(config(dir.path())).unwrap());
+    let before = std::fs::read(dir.path().join("pool")).unwrap();
+    let mut other = config(dir.path());
+    other.global_bytes = 8 << 20;
+    let e = data_dir_error(other);
+    assert!(matches!(e, DataDirError::LayoutMismatch { .. }), "{e}");
+    assert!(e.to_string().contains("global_bytes"), "{e}");
+    assert_eq!(std::fs::read(dir.path().join("pool")).unwrap(), before);
+}
+
+#[test]
+fn truncated_foreign_and_other_version_files_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    drop(Engine::new(config(dir.path())).unwrap());
+    let pool = dir.path().join("pool");
+    let good = std::fs::read(&pool).unwrap();
+
+    std::fs::write(&pool, &good[..good.len() - 4096]).unwrap();
+    let e = data_dir_error(config(dir.path()));
+    assert!(matches!(e, DataDirError::Truncated { .. }), "{e}");
+    std::fs::write(&pool, &good[..100]).unwrap();
+    let e = data_dir_error(config(dir.path()));
+    assert!(matches!(e, DataDirError::Truncated { .. }), "{e}");
+
+    let mut foreign = good.clone();
+    foreign[..8].copy_from_slice(b"NOTAPOOL");
+    foreign[2048..2056].copy_from_slice(b"NOTAPOOL");
+    std::fs::write(&pool, &foreign).unwrap();
+    let e = data_dir_error(config(dir.path()));
+    assert!(matches!(e, DataDirError::BadMagic { .. }), "{e}");
+
+    // Version 2 in both copies, with checksums that match it.
+    let mut newer = good.clone();
+    for at in [0, 2048] {
+        newer[at + 8..at + 12].copy_from_slice(&2u32.to_le_bytes());
+        let crc = crc32fast::hash(&newer[at..at + 64]);
+        newer[at + 64..at + 72].copy_from_slice(&u64::from(crc).to_le_bytes());
+    }
+    std::fs::write(&pool, &newer).unwrap();
+    let e = data_dir_error(config(dir.path()));
+    assert!(
+        matches!(
+            e,
+            DataDirError::Version {
+                found: 2,
+                expected: 1,
+                ..
+            }
+        ),
+        "{e}"
+    );
+
+    // A bit flipped in both copies: damaged, not misread.
+    let mut flipped = good.clone();
+    flipped[30] ^= 4;
+    flipped[2048 + 30] ^= 4;
+    std::fs::write(&pool, &flipped).unwrap();
+    let e = data_dir_error(config(dir.path()));
+    assert!(matches!(e, DataDirError::HeaderDamaged { .. }), "{e}");
+
+    // One copy flipped: the other one carries on.
+    let mut one = good.clone();
+    one[30] ^= 4;
+    std::fs::write(&pool, &one).unwrap();
+    Engine::new(config(dir.path())).expect("one intact header copy is enough");
+}
+
+#[test]
+fn appended_events_replay_exactly_once_and_in_order_after_a_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut ids = Vec::new();
+    let mut cursors = Vec::new();
+    let closed;
+    {
+        let e = Engine::new(config(dir.path())).unwrap();
+        for i in 0..5 {
+            let principal = format!("user-{i}");
+            let s = e.open(Some(&principal)).unwrap();
+            s.store_init(format!("{{\"client\":{i}}}").as_bytes())
+                .unwrap();
+            let mut last = None;
+            for seq in 1..=200 {
+                last = Some(s.append(0, &payload(i, seq)).unwrap());
+            }
+            ids.push(s.id());
+            cursors.push(last.unwrap());
+        }
+        let gone = e.open(None).unwrap();
+        gone.append(0, b"never again").unwrap();
+        closed = gone.id();
+        assert!(gone.close());
+    }
+    let e = Engine::new(config(dir.path())).unwrap();
+    let report = e.recovery().unwrap().clone();
+    assert_eq!((report.sessions, report.events), (5, 1000), "{report:?}");
+    assert_eq!(report.damaged_frames, 0);
+    for (i, id) in ids.iter().enumerate() {
+        let s = e.session(*id).expect("restored");
+        assert!(s.is_restored());
+        assert_eq!(s.principal(), Some(format!("user-{i}").as_str()));
+        assert_eq!(
+            s.stored_init(),
+            Some(format!("{{\"client\":{i}}}").as_bytes())
+        );
+        let events = replay_all(&s, 0);
+        let want: Vec<_> = (1..=200).map(|seq| (seq, payload(i, seq))).collect();
+        assert_eq!(events, want, "session {i}");
+        // Appends continue after the restored ones.
+        assert_eq!(s.append(0, b"after").unwrap().seq, 201);
+    }
+    assert!(e.session(closed).is_none(), "a closed session stays closed");
+    let fresh = e.open(None).unwrap();
+    fresh.append(0, b"new").unwrap();
+    let (fid, fcur) = (fresh.id().to_string(), fresh.cursor_now(0).to_string());
+    let f = e.facts(ResumeRequest {
+        session_id: Some(&fid),
+        last_event_id: Some(&fcur),
+        principal: None,
+    });
+    assert_eq!(f.session_fact(), Some(SessionFact::Live));
+
+    // A cursor from before the restart resumes on the restored session, for
+    // the principal it is bound to only.
+    let sid = ids[2].to_string();
+    let cursor = cursors[2].to_string();
+    let d = e.resume(ResumeRequest {
+        session_id: Some(&sid),
+        last_event_id: Some(&cursor),
+        principal: Some("user-2"),
+    });
+    assert_eq!(d.verdict, Verdict::Resume, "{:?}", d.facts);
+    assert_eq!(d.facts.session_fact(), Some(SessionFact::Restored));
+    let ResumeAction::Replay(mut r) = d.action else {
+        panic!("expected a replay")
+    };
+    let mut buf = Vec::new();
+    assert_eq!(r.next_into(&mut buf).unwrap().map(|id| id.seq), Some(201));
+    assert_eq!(buf, b"after");
+    let d = e.resume(ResumeRequest {
+        session_id: Some(&sid),
+        last_event_id: Some(&cursor),
+        principal: Some("user-3"),
+    });
+    assert_ne!(d.verdict, Verdict::Resume);
+    let closed = closed.to_string();
+    let d = e.resume(ResumeRequest {
+        session_id: Some(&closed),
+        last_event_id: Some(&cursor),
+        principal: None,
+    });
+    assert_eq!(d.verdict, Verdict::Gone);
+}
+
+#[test]
+fn restored_sessions_never_hand_out_a_stream_id_twice() {
+    let dir = tempfile::tempdir().unwrap();
+    let (id, mut seen) = {
+        let e = Engine::new(config(dir.path())).unwrap();
+        let s = e.open(None).unwrap();
+        let seen: Vec<u32> = (0..300).map(|_| s.new_stream().unwrap()).collect();
+        (s.id(), seen)
+    };
+    let e = Engine::new(config(dir.path())).unwrap();
+    let s = e.session(id).unwrap();
+    seen.extend((0..300).map(|_| s.new_stream().unwrap()));
+    let n = seen.len();
+    seen.sort_unstable();
+    seen.dedup();
+    assert_eq!(seen.len(), n, "a stream id was handed out twice");
+}
+
+/// Flips one byte in the middle of the only occurrence of `needle` in `file`.
+fn flip_inside(file: &Path, needle: &[u8]) {
+    let mut bytes = std::fs::read(file).unwrap();
+    let at: Vec<usize> = bytes
+        .windows(needle.len())
+        .enumerate()
+        .filter(|(_, w)| *w == needle)
+        .map(|(i, _)| i)
+        .collect();
+    assert_eq!(at.len(), 1, "needle must occur once");
+    bytes[at[0] + needle.len() / 2] ^= 0x20;
+    std::fs::write(file, bytes).unwrap();
+}
+
+#[test]
+fn a_frame_with_a_mark_but_a_wrong_checksum_is_dropped_with_a_gap_and_never_delivered() {
+    // The damaged frame sits in a sealed segment (segments grow 512 B, 1 KiB,
+    // ...; 40 events of up to 300 bytes fill several).
+    let dir = tempfile::tempdir().unwrap();
+    let (damaged, intact, cursor) = {
+        let e = Engine::new(config(dir.path())).unwrap();
+        let a = e.open(None).unwrap();
+        let b = e.open(None).unwrap();
+        let mut cursor = None;
+        for seq in 1..=40 {
+            b.append(0, &payload(1, seq)).unwrap();
+            if seq == 20 {
+                a.append(0, b"TORN-TARGET-PAYLOAD-0123456789").unwrap();
+            } else {
+                let id = a.append(0, &payload(0, seq)).unwrap();
+                if seq == 19 {
+                    cursor = Some(id);
+                }
+            }
+        }
+        (a.id(), b.id(), cursor.unwrap())
+    };
+    flip_inside(&dir.path().join("pool"), b"TORN-TARGET-PAYLOAD-0123456789");
+    let check = rewind_engine::durable::check(dir.path()).unwrap();
+    assert!(!check.is_clean(), "{check}");
+    assert!(check.damaged_frames >= 1, "{check}");
+
+    let e = Engine::new(config(dir.path())).unwrap();
+    let report = e.recovery().unwrap().clone();
+    assert!(report.damaged_frames >= 1, "{report:?}");
+    // The other session lost nothing.
+    let b = e.session(intact).unwrap();
+    let want: Vec<_> = (1..=40).map(|seq| (seq, payload(1, seq))).collect();
+    assert_eq!(replay_all(&b, 0), want);
+    // The damaged one never delivers the torn event, nor reuses its
+    // number: the segment holding it and everything older are dropped (a
+    // reader of them gets a gap); the newer segments are intact.
+    let a = e.session(damaged).unwrap();
+    let kept = replay_all(&a, 0);
+    assert!(!kept.is_empty());
+    for (seq, bytes) in &kept {
+        assert!(*seq > 20, "event {seq} is at or before the damage");
+        assert_eq!(*bytes, payload(0, *seq));
+    }
+    let seqs: Vec<u64> = kept.iter().map(|(s, _)| *s).collect();
+    let first = seqs[0];
+    assert_eq!(seqs, (first..=40).collect::<Vec<_>>());
+    assert_eq!(a.high_water(), 40, "sequence numbers are not reused");
+    let sid = damaged.to_string();
+    let cursor = cursor.to_string();
+    let d = e.resume(ResumeRequest {
+        session_id: Some(&sid),
+        last_event_id: Some(&cursor),
+        principal: None,
+    });
+    assert_eq!(d.verdict, Verdict::FreshGap, "{:?}", d.facts);
+}
+
+#[test]
+fn a_damaged_journal_record_drops_only_its_session() {
+    let dir = tempfile::tempdir().unwrap();
+    let ids: Vec<SessionId> = {
+        let e = Engine::new(config(dir.path())).unwrap();
+        (0..3)
+            .map(|i| {
+                let s = e.open(Some(&format!("principal-{i}-xyz"))).unwrap();
+                for seq in 1..=10 {
+                    s.append(0, &payload(i, seq)).unwrap();
+                }
+                s.id()
+            })
+            .collect()
+    };
+    let journal = dir.path().join("sessions.journal");
+    flip_inside(&journal, b"principal-1-xyz");
+    // And a torn last record, as a crash of the machine mid-write leaves.
+    let mut bytes = std::fs::read(&journal).unwrap();
+    bytes.extend_from_within(..20);
+    std::fs::write(&journal, bytes).unwrap();
+
+    let check = rewind_engine::durable::check(dir.path()).unwrap();
+    assert_eq!(check.torn_records, 2, "{check}");
+    assert_eq!(check.sessions.len(), 2, "{check}");
+
+    let e = Engine::new(config(dir.path())).unwrap();
+    let report = e.recovery().unwrap().clone();
+    assert_eq!(report.torn_records, 2, "{report:?}");
+    assert_eq!(report.sessions, 2);
+    assert!(
+        report.dropped_segments >= 1,
+        "the lost session's segments are freed"
+    );
+    assert!(e.session(ids[1]).is_none());
+    for i in [0, 2] {
+        let s = e.session(ids[i]).unwrap();
+        let want: Vec<_> = (1..=10).map(|seq| (seq, payload(i, seq))).collect();
+        assert_eq!(replay_all(&s, 0), want);
+    }
+    drop(e);
+    // The journal was rewritten clean.
+    assert!(rewind_engine::durable::check(dir.path())
+        .unwrap()
+        .is_clean());
+}
+
+#[test]
+fn the_check_of_a_healthy_directory_lists_its_sessions_and_sees_the_lock() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = Engine::new(config(dir.path())).unwrap();
+    let s = e.open(Some("carol")).unwrap();
+    for seq in 1..=7 {
+        s.append(0, &payload(0, seq)).unwrap();
+    }
+    let live = rewind_engine::durable::check(dir.path()).unwrap();
+    assert!(live.locked);
+    drop((s, e));
+    let report = rewind_engine::durable::check(dir.path()).unwrap();
+    assert!(!report.locked);
+    assert!(report.is_clean(), "{report}");
+    assert_eq!(report.sessions.len(), 1);
+    assert_eq!(report.sessions[0].high_water, 7);
+    assert_eq!(report.sessions[0].principal.as_deref(), Some("carol"));
+    assert_eq!(report.events, 7);
+    // Checking changed nothing: a second check sees the same boot counter.
+    let again = rewind_engine::durable::check(dir.path()).unwrap();
+    assert_eq!(again.boot_counter, report.boot_counter);
+}
+
+#[test]
+fn sync_policies_are_validated_and_every_append_sync_works() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = config(dir.path());
+    c.sync = rewind_engine::SyncPolicy::EveryMs(0);
+    assert_eq!(Engine::new(c).unwrap_err(), ConfigError::ZeroSyncInterval);
+    let mut c = config(dir.path());
+    c.boot_epoch = Some(7);
+    assert_eq!(
+        Engine::new(c).unwrap_err(),
+        ConfigError::BootEpochWithDataDir
+    );
+    for policy in [
+        rewind_engine::SyncPolicy::EveryAppend,
+        rewind_engine::SyncPolicy::EveryMs(5),
+    ] {
+        let mut c = config(dir.path());
+        c.sync = policy;
+        let e = Engine::new(c).unwrap();
+        let s = e.open(None).unwrap();
+        for seq in 1..=20 {
+            s.append(0, &payload(0, seq)).unwrap();
+        }
+        e.sync().unwrap();
+        assert_eq!(e.storage_errors(), 0);
+    }
+}
+
+#[test]
+fn a_damaged_frame_in_the_head_segment_is_never_delivered_and_its_number_never_reused() {
+    let dir = tempfile::tempdir().unwrap();
+    let (id, cursor) = {
+        let e = Engine::new(config(dir.path())).unwrap();
+        let a = e.open(None).unwrap();
+        let first = a.append(0, b"first").unwrap();
+        a.append(0, b"HEAD-TARGET-PAYLOAD-0123456789").unwrap();
+        a.append(0, b"third").unwrap();
+        (a.id(), first)
+    };
+    flip_inside(&dir.path().join("pool"), b"HEAD-TARGET-PAYLOAD-0123456789");
+    let e = Engine::new(config(dir.path())).unwrap();
+    assert!(e.recovery().unwrap().damaged_frames >= 1);
+    let a = e.session(id).unwrap();
+    assert_eq!(replay_all(&a, 0), vec![]);
+    assert_eq!(
+        a.high_water(),
+        3,
+        "the damaged number and those after are not reused"
+    );
+    assert_eq!(a.append(0, b"fourth").unwrap().seq, 4);
+    let sid = id.to_string();
+    let cursor = cursor.to_string();
+    let d = e.resume(ResumeRequest {
+        session_id: Some(&sid),
+        last_event_id: Some(&cursor),
+        principal: None,
+    });
+    assert_eq!(d.verdict, Verdict::FreshGap, "{:?}", d.facts);
+}
+
+#[test]
+fn the_sweep_rewrites_a_grown_journal_and_a_restart_still_finds_exactly_the_live_sessions() {
+    let dir = tempfile::tempdir().unwrap();
+    let journal = dir.path().join("sessions.journal");
+    let (kept, streams) = {
+        let e = Engine::new(config(dir.path())).unwrap();
+        let kept = e.open(Some("erin")).unwrap();
+        kept.store_init(b"{\"protocolVersion\":\"2025-06-18\"}")
+            .unwrap();
+        kept.append(0, b"kept").unwrap();
+        let streams: Vec<u32> = (0..10).map(|_| kept.new_stream().unwrap()).collect();
+        // Enough sessions coming and going to grow the journal past 1 MiB.
+        for _ in 0..12_000 {
+            let s = e.open(Some("churn")).unwrap();
+            s.store_init(b"{}").unwrap();
+            assert!(s.close());
+        }
+        let grown = std::fs::metadata(&journal).unwrap().len();
+        assert!(grown > 1 << 20, "{grown}");
+        e.sweep();
+        let compacted = std::fs::metadata(&journal).unwrap().len();
+        assert!(compacted < 4096, "{compacted}");
+        // Records appended after the rewrite land in the new file.
+        let later = e.open(None).unwrap();
+        later.append(0, b"later").unwrap();
+        ((kept.id(), later.id()), streams)
+    };
+    let e = Engine::new(config(dir.path())).unwrap();
+    assert_eq!(e.recovery().unwrap().sessions, 2);
+    let s = e.session(kept.0).unwrap();
+    assert_eq!(s.principal(), Some("erin"));
+    assert_eq!(
+        s.stored_init(),
+        Some(&b"{\"protocolVersion\":\"2025-06-18\"}"[..])
+    );
+    assert_eq!(replay_all(&s, 0), vec![(1, b"kept".to_vec())]);
+    let next = s.new_stream().unwrap();
+    assert!(next > *streams.iter().max().unwrap(), "stream ids go on");
+    let later = e.session(kept.1).unwrap();
+    assert_eq!(replay_all(&later, 0), vec![(1, b"later".to_vec())]);
+}
