@@ -347,3 +347,70 @@ fn serve_keeps_its_events_in_a_data_dir_that_a_second_server_cannot_open() {
     assert!(out.status.success(), "{stdout}{}", text(&out.stderr));
     assert!(stdout.contains("1 sessions"), "{stdout}");
 }
+
+/// Resident memory of `pid`, in KiB (Linux `/proc`).
+fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or_else(|| panic!("no VmRSS in {status}"))
+}
+
+/// A `ping` on `sid`; returns the HTTP status.
+fn ping_status(mcp_url: &str, sid: &str) -> String {
+    let body = r#"{"jsonrpc":"2.0","id":2,"method":"ping"}"#;
+    let (_stream, head) = raw_request(mcp_url, |host| {
+        format!(
+            "POST /mcp HTTP/1.1\r\nHost: {host}\r\nAccept: application/json, text/event-stream\r\n\
+             Content-Type: application/json\r\nMcp-Session-Id: {sid}\r\n\
+             Mcp-Protocol-Version: 2025-06-18\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+    });
+    head.lines().next().unwrap_or_default().to_owned()
+}
+
+/// The flood that once drove the server past its budget, against the real
+/// process: thousands of `initialize` requests from one client, ten times
+/// what the pool holds. The pool makes room by evicting the oldest idle
+/// sessions, the server forgets them too (404), and its resident memory
+/// stays within the pool's budget plus what the sessions it still holds
+/// cost, instead of growing with every session ever opened.
+#[test]
+fn a_flood_of_sessions_keeps_the_servers_memory_within_its_budget() {
+    const POOL: u64 = 1 << 20;
+    let server = start(&[
+        "--listen",
+        "127.0.0.1:0",
+        "--admin-listen",
+        "127.0.0.1:0",
+        "--global-bytes",
+        &POOL.to_string(),
+        "--max-event-bytes",
+        "65536",
+    ]);
+    let pid = server.child.id();
+    // Warm up (first allocations, thread stacks, code pages).
+    for _ in 0..200 {
+        initialize(&server.mcp_url);
+    }
+    let before = rss_kib(pid);
+    let ids: Vec<String> = (0..6000).map(|_| initialize(&server.mcp_url)).collect();
+    let mid = rss_kib(pid);
+    let more: Vec<String> = (0..6000).map(|_| initialize(&server.mcp_url)).collect();
+    let after = rss_kib(pid);
+    eprintln!("RSS: {before} KiB before, {mid} KiB after 6000 sessions, {after} KiB after 12000");
+    // The oldest sessions were evicted and are gone from the server too.
+    assert!(ping_status(&server.mcp_url, &ids[0]).starts_with("HTTP/1.1 404"));
+    assert!(ping_status(&server.mcp_url, more.last().unwrap()).starts_with("HTTP/1.1 200"));
+    // The second 6000 sessions replaced the first: memory did not grow by
+    // another flood's worth.
+    let first_growth = mid.saturating_sub(before);
+    let second_growth = after.saturating_sub(mid);
+    assert!(
+        second_growth <= first_growth / 2 + POOL / 1024,
+        "the second flood grew RSS by {second_growth} KiB, the first by {first_growth} KiB"
+    );
+}
