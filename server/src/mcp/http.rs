@@ -661,7 +661,11 @@ async fn initialize(
         mcp.inner.metrics.clone(),
         false,
     );
-    mcp.start_session(session.clone(), SessionTransport::new(session.clone(), rx));
+    mcp.start_session(
+        session.clone(),
+        SessionTransport::new(session.clone(), rx),
+        None,
+    );
     if session.forward(msgs).await.is_err() {
         handle.close();
         return refuse(

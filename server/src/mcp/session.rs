@@ -32,8 +32,9 @@ use rewind_engine::{
     Attachment, CallGuard, EndReason, EventId, Replay, ReplayError, SessionHandle,
 };
 use rmcp::model::{
-    ClientJsonRpcMessage, GetExtensions, GetMeta, JsonRpcNotification, ProgressToken, RequestId,
-    ServerJsonRpcMessage, ServerNotification,
+    ClientJsonRpcMessage, ClientRequest, GetExtensions, GetMeta, InitializeRequestParams,
+    JsonRpcNotification, ProgressToken, RequestId, ServerJsonRpcMessage, ServerNotification,
+    ServerResult,
 };
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -250,6 +251,39 @@ pub(crate) struct McpSession {
     standalone_delivered: Mutex<Option<EventId>>,
     /// Stops the session's rmcp service.
     pub(crate) service_ct: CancellationToken,
+    /// The `initialize` request in flight (its id and parameters), until
+    /// its answer is stored: then the parameters, with the negotiated
+    /// protocol version, go into the data directory
+    /// ([`SessionHandle::store_init`]) so a restart can rebuild the session.
+    init_pending: Mutex<Option<(RequestId, InitializeRequestParams)>>,
+}
+
+/// The version of the blob [`encode_init`] writes.
+const INIT_BLOB_VERSION: u32 = 1;
+
+#[derive(serde::Serialize, serde::Deserialize)]
+struct InitBlob {
+    rewind_init: u32,
+    /// The client's `initialize` parameters, `protocolVersion` being the
+    /// negotiated one (as rmcp keeps them as the session's peer info).
+    params: InitializeRequestParams,
+}
+
+/// The blob a session stores with the engine once its `initialize` is
+/// answered.
+fn encode_init(params: &InitializeRequestParams) -> Option<Vec<u8>> {
+    serde_json::to_vec(&InitBlob {
+        rewind_init: INIT_BLOB_VERSION,
+        params: params.clone(),
+    })
+    .ok()
+}
+
+/// The `initialize` parameters a restored session stored before the
+/// restart; `None` for a blob of another version or that does not parse.
+pub(crate) fn decode_init(blob: &[u8]) -> Option<InitializeRequestParams> {
+    let b: InitBlob = serde_json::from_slice(blob).ok()?;
+    (b.rewind_init == INIT_BLOB_VERSION).then_some(b.params)
 }
 
 impl fmt::Debug for McpSession {
@@ -283,7 +317,28 @@ impl McpSession {
             kicks: Mutex::new(HashMap::new()),
             standalone_delivered: Mutex::new(None),
             service_ct,
+            init_pending: Mutex::new(None),
         }
+    }
+
+    /// The MCP session of an engine session restored from the data
+    /// directory. Nothing is in flight (requests of the earlier process
+    /// are not re-run, so every request stream of before the restart is
+    /// closed: a resume replays what it stored, then ends). A `GET` without
+    /// `Last-Event-ID` starts after the standalone events stored before the
+    /// restart: whether they reached a connection then is unknown, and a
+    /// client that wants them resumes from its own cursor, so none is
+    /// delivered twice.
+    pub(crate) fn restored(
+        handle: SessionHandle,
+        principal: Option<String>,
+        inbound: mpsc::Sender<ClientJsonRpcMessage>,
+        service_ct: CancellationToken,
+    ) -> McpSession {
+        let before = handle.cursor_now(STANDALONE);
+        let s = McpSession::new(handle, principal, inbound, service_ct);
+        *lock(&s.standalone_delivered) = Some(before);
+        s
     }
 
     /// Registers the requests of one POST on `stream` (their responses) and
@@ -310,6 +365,9 @@ impl McpSession {
         let mut count = 0;
         for m in msgs.iter_mut() {
             if let ClientJsonRpcMessage::Request(r) = m {
+                if let ClientRequest::InitializeRequest(init) = &r.request {
+                    *lock(&self.init_pending) = Some((r.id.clone(), init.params.clone()));
+                }
                 let progress = r.request.get_meta().get_progress_token();
                 if let Some(token) = &progress {
                     routes.progress.insert(token.clone(), side);
@@ -380,6 +438,9 @@ impl McpSession {
     /// Stores one outgoing message on the one stream it belongs to.
     pub(crate) fn deliver(&self, msg: &ServerJsonRpcMessage) {
         let (stream, completes) = lock(&self.routes).route(msg);
+        if completes.is_some() {
+            self.store_init_on_answer(msg);
+        }
         let payload = match serde_json::to_vec(msg) {
             Ok(p) => p,
             Err(e) => {
@@ -416,6 +477,39 @@ impl McpSession {
             if lock(&self.routes).complete(&id) {
                 self.stream_closed.notify(usize::MAX);
             }
+        }
+    }
+
+    /// If `msg` answers the session's `initialize`, stores its parameters
+    /// with the negotiated version — before the answer is appended, so a
+    /// client that has its session id has a session a restart rebuilds.
+    fn store_init_on_answer(&self, msg: &ServerJsonRpcMessage) {
+        let rmcp::model::JsonRpcMessage::Response(r) = msg else {
+            return;
+        };
+        let ServerResult::InitializeResult(result) = &r.result else {
+            return;
+        };
+        let mut pending = lock(&self.init_pending);
+        if pending.as_ref().is_none_or(|(id, _)| *id != r.id) {
+            return;
+        }
+        let Some((_, mut params)) = pending.take() else {
+            return;
+        };
+        params.protocol_version = result.protocol_version.clone();
+        let stored = match encode_init(&params) {
+            Some(blob) => self.handle.store_init(&blob),
+            None => Err(std::io::Error::other(
+                "cannot serialise the initialize parameters",
+            )),
+        };
+        if let Err(e) = stored {
+            tracing::warn!(
+                session = format_args!("{:016x}", self.tag()),
+                error = %e,
+                "initialize parameters not stored; the session will not survive a restart"
+            );
         }
     }
 
