@@ -351,7 +351,7 @@ impl RewindMcp {
             if handle.attachment::<McpSession>().is_some() {
                 continue;
             }
-            let Some(params) = handle.stored_init().and_then(session::decode_init) else {
+            let Some(stored) = handle.stored_init().and_then(session::decode_init) else {
                 tracing::info!(
                     session = format_args!("{:016x}", handle.cursor_now(session::STANDALONE).tag),
                     "restored session has no stored initialize parameters; closing it"
@@ -362,7 +362,22 @@ impl RewindMcp {
             let (tx, rx) = tokio::sync::mpsc::channel(self.inner.options.inbound_capacity.max(1));
             let ct = self.inner.options.shutdown.child_token();
             let principal = handle.principal().map(str::to_owned);
-            let session = Arc::new(McpSession::restored(handle, principal, tx, ct));
+            let unfinished = session::answer_unfinished(&handle, &stored.inflight);
+            if unfinished > 0 {
+                tracing::info!(
+                    session = format_args!("{:016x}", handle.cursor_now(session::STANDALONE).tag),
+                    requests = unfinished,
+                    "requests in flight at the restart answered with an error"
+                );
+            }
+            let params = stored.params;
+            let session = Arc::new(McpSession::restored(
+                handle,
+                principal,
+                tx,
+                ct,
+                params.clone(),
+            ));
             self.start_session(
                 session.clone(),
                 SessionTransport::new(session, rx),

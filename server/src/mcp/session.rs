@@ -107,6 +107,9 @@ struct Pending {
     /// answered with one JSON body that cannot carry them.
     side: u32,
     progress: Option<ProgressToken>,
+    /// The session's highest sequence number when the request arrived:
+    /// its answer comes after it (see [`answer_unfinished`]).
+    after_seq: u64,
     /// Keeps the engine from evicting the session while the request runs
     /// (a tool still streaming to a client that is between connections).
     _call: CallGuard,
@@ -256,34 +259,117 @@ pub(crate) struct McpSession {
     /// protocol version, go into the data directory
     /// ([`SessionHandle::store_init`]) so a restart can rebuild the session.
     init_pending: Mutex<Option<(RequestId, InitializeRequestParams)>>,
+    /// The stored `initialize` parameters, once stored; with a data
+    /// directory, the blob is stored again with the requests in flight
+    /// whenever a request starts or ends (see [`McpSession::persist`]).
+    init_params: Mutex<Option<InitializeRequestParams>>,
+    /// The engine keeps a data directory (else nothing is stored).
+    durable: bool,
 }
 
 /// The version of the blob [`encode_init`] writes.
 const INIT_BLOB_VERSION: u32 = 1;
 
-#[derive(serde::Serialize, serde::Deserialize)]
-struct InitBlob {
+/// What a session stores with its engine session
+/// ([`SessionHandle::store_init`]).
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+pub(crate) struct InitBlob {
     rewind_init: u32,
     /// The client's `initialize` parameters, `protocolVersion` being the
     /// negotiated one (as rmcp keeps them as the session's peer info).
-    params: InitializeRequestParams,
+    pub(crate) params: InitializeRequestParams,
+    /// The requests in flight: their stream, their id, and the session's
+    /// highest sequence number when they arrived.
+    #[serde(default)]
+    pub(crate) inflight: Vec<(u32, RequestId, u64)>,
 }
 
 /// The blob a session stores with the engine once its `initialize` is
-/// answered.
-fn encode_init(params: &InitializeRequestParams) -> Option<Vec<u8>> {
+/// answered, and again whenever its requests in flight change.
+fn encode_init(
+    params: &InitializeRequestParams,
+    inflight: Vec<(u32, RequestId, u64)>,
+) -> Option<Vec<u8>> {
     serde_json::to_vec(&InitBlob {
         rewind_init: INIT_BLOB_VERSION,
         params: params.clone(),
+        inflight,
     })
     .ok()
 }
 
-/// The `initialize` parameters a restored session stored before the
-/// restart; `None` for a blob of another version or that does not parse.
-pub(crate) fn decode_init(blob: &[u8]) -> Option<InitializeRequestParams> {
+/// What a restored session stored before the restart; `None` for a blob
+/// of another version or that does not parse.
+pub(crate) fn decode_init(blob: &[u8]) -> Option<InitBlob> {
     let b: InitBlob = serde_json::from_slice(blob).ok()?;
-    (b.rewind_init == INIT_BLOB_VERSION).then_some(b.params)
+    (b.rewind_init == INIT_BLOB_VERSION).then_some(b)
+}
+
+/// The message a request in flight when the server died gets on its
+/// stream after the restart.
+pub(crate) const RESTART_MESSAGE: &str =
+    "the server restarted while this request was running; it was not completed";
+
+/// For each request the restored session had in flight (as its last
+/// stored blob says), appends an error response on its stream unless the
+/// stream already holds its answer (the process died between storing the
+/// answer and noting it), so a client resuming that stream gets the
+/// events stored before the restart, then that explicit answer, then the
+/// end. Nothing is appended when events after the request's arrival were
+/// released meanwhile (an answer among them cannot be ruled out): that
+/// stream just ends. Returns how many requests were answered so.
+pub(crate) fn answer_unfinished(
+    handle: &SessionHandle,
+    inflight: &[(u32, RequestId, u64)],
+) -> usize {
+    #[derive(serde::Deserialize)]
+    struct Probe {
+        id: Option<RequestId>,
+        method: Option<serde::de::IgnoredAny>,
+    }
+    let mut answered = 0;
+    let mut buf = Vec::new();
+    for (stream, id, after_seq) in inflight {
+        let mut replay = handle.subscribe_from_start(*stream);
+        let mut provable = true;
+        let mut found = false;
+        let mut gaps = 0;
+        loop {
+            match replay.next_into(&mut buf) {
+                Ok(Some(_)) => {
+                    let answers = serde_json::from_slice::<Probe>(&buf)
+                        .is_ok_and(|p| p.method.is_none() && p.id.as_ref() == Some(id));
+                    if answers {
+                        found = true;
+                        break;
+                    }
+                }
+                Ok(None) => break,
+                Err(ReplayError::Lagged { .. }) => {
+                    gaps += 1;
+                    if replay.skip_gap() > after_seq + 1 || gaps > 2 {
+                        provable = false;
+                        break;
+                    }
+                }
+                Err(_ended) => return answered,
+            }
+        }
+        if found || !provable {
+            continue;
+        }
+        let err = ServerJsonRpcMessage::error(
+            rmcp::ErrorData::internal_error(RESTART_MESSAGE, None),
+            Some(id.clone()),
+        );
+        let appended = serde_json::to_vec(&err)
+            .ok()
+            .is_some_and(|p| handle.append(*stream, &p).is_ok());
+        if appended {
+            answered += 1;
+        }
+    }
+    answered
 }
 
 impl fmt::Debug for McpSession {
@@ -307,6 +393,7 @@ impl McpSession {
         principal: Option<String>,
         inbound: mpsc::Sender<ClientJsonRpcMessage>,
         service_ct: CancellationToken,
+        durable: bool,
     ) -> McpSession {
         McpSession {
             handle,
@@ -318,6 +405,8 @@ impl McpSession {
             standalone_delivered: Mutex::new(None),
             service_ct,
             init_pending: Mutex::new(None),
+            init_params: Mutex::new(None),
+            durable,
         }
     }
 
@@ -334,11 +423,50 @@ impl McpSession {
         principal: Option<String>,
         inbound: mpsc::Sender<ClientJsonRpcMessage>,
         service_ct: CancellationToken,
+        params: InitializeRequestParams,
     ) -> McpSession {
         let before = handle.cursor_now(STANDALONE);
-        let s = McpSession::new(handle, principal, inbound, service_ct);
+        let s = McpSession::new(handle, principal, inbound, service_ct, true);
         *lock(&s.standalone_delivered) = Some(before);
+        *lock(&s.init_params) = Some(params);
+        // Nothing is in flight any more.
+        s.persist(&lock(&s.routes), None);
         s
+    }
+
+    /// Stores the session's blob again: its `initialize` parameters and
+    /// the requests in flight in `routes` (but `except`), so that after a
+    /// crash each of them gets an explicit answer ([`answer_unfinished`]).
+    /// Called with the routes locked, so blobs are stored in the order the
+    /// routes changed. Nothing for a heap engine, or before `initialize`
+    /// is answered.
+    fn persist(&self, routes: &Routes, except: Option<&RequestId>) {
+        if !self.durable {
+            return;
+        }
+        let params = lock(&self.init_params);
+        let Some(params) = params.as_ref() else {
+            return;
+        };
+        let inflight = routes
+            .requests
+            .iter()
+            .filter(|(id, _)| Some(*id) != except)
+            .map(|(id, p)| (p.stream, id.clone(), p.after_seq))
+            .collect();
+        let stored = match encode_init(params, inflight) {
+            Some(blob) => self.handle.store_init(&blob),
+            None => Err(std::io::Error::other(
+                "cannot serialise the initialize parameters",
+            )),
+        };
+        if let Err(e) = stored {
+            tracing::warn!(
+                session = format_args!("{:016x}", self.tag()),
+                error = %e,
+                "session state not stored; a restart may not rebuild it"
+            );
+        }
     }
 
     /// Registers the requests of one POST on `stream` (their responses) and
@@ -378,6 +506,7 @@ impl McpSession {
                         stream,
                         side,
                         progress,
+                        after_seq: self.handle.high_water(),
                         _call: self.handle.begin_call(),
                     },
                 );
@@ -398,6 +527,9 @@ impl McpSession {
         }
         if count > 0 {
             routes.open.insert(stream, count);
+            // Before the requests reach the service, so any answer they get
+            // comes after the note that they are in flight.
+            self.persist(&routes, None);
         }
         Ok(())
     }
@@ -422,9 +554,21 @@ impl McpSession {
     /// response of a cancelled request), closing its stream if it was the
     /// last one pending there.
     pub(crate) fn cancel(&self, id: &RequestId) {
-        if lock(&self.routes).complete(id) {
+        if self.complete(id) {
             self.stream_closed.notify(usize::MAX);
         }
+    }
+
+    /// Request `id` is done: forgotten by the routes and, with a data
+    /// directory, by the stored blob. Returns whether its stream closed.
+    fn complete(&self, id: &RequestId) -> bool {
+        let mut routes = lock(&self.routes);
+        let known = routes.requests.contains_key(id);
+        let closed = routes.complete(id);
+        if known {
+            self.persist(&routes, None);
+        }
+        closed
     }
 
     /// Hands `msgs` to the rmcp service, in order.
@@ -474,7 +618,7 @@ impl McpSession {
             Err(e) => tracing::debug!(error = %e, stream, "outgoing MCP message dropped"),
         }
         if let Some(id) = completes {
-            if lock(&self.routes).complete(&id) {
+            if self.complete(&id) {
                 self.stream_closed.notify(usize::MAX);
             }
         }
@@ -497,20 +641,11 @@ impl McpSession {
         let Some((_, mut params)) = pending.take() else {
             return;
         };
+        drop(pending);
         params.protocol_version = result.protocol_version.clone();
-        let stored = match encode_init(&params) {
-            Some(blob) => self.handle.store_init(&blob),
-            None => Err(std::io::Error::other(
-                "cannot serialise the initialize parameters",
-            )),
-        };
-        if let Err(e) = stored {
-            tracing::warn!(
-                session = format_args!("{:016x}", self.tag()),
-                error = %e,
-                "initialize parameters not stored; the session will not survive a restart"
-            );
-        }
+        *lock(&self.init_params) = Some(params);
+        // `initialize` itself is answered right after this: not in flight.
+        self.persist(&lock(&self.routes), Some(&r.id));
     }
 
     /// The token that ends the responses serving `stream` now.
