@@ -110,8 +110,8 @@ async fn a_restored_session_answers_post_and_get_without_initialize() {
             .collect::<Vec<_>>()
     );
 
-    // Resume the call that was in flight: its stored progress, then the
-    // stream ends (the call died with the process; no result will come).
+    // Resume the call that was in flight: its stored progress, then an
+    // explicit error (the call died with the process), then the end.
     let cursor = primed.id.clone().unwrap();
     let resp = b.send(b.get(Some(&sid), Some(&cursor))).await;
     assert_eq!(resp.status(), 200);
@@ -120,9 +120,36 @@ async fn a_restored_session_answers_post_and_get_without_initialize() {
         .await
         .expect("the resume of a call that died ends");
     let data: Vec<_> = replay.iter().filter(|e| e.data.is_some()).collect();
-    assert_eq!(data.len(), 1, "{replay:?}");
+    assert_eq!(data.len(), 2, "{replay:?}");
     assert_eq!(data[0].id, first.id);
     assert_eq!(data[0].progress(), Some(1.0));
+    let error = data[1].json();
+    assert_eq!(error["id"], 2, "{error}");
+    assert_eq!(error["error"]["code"], -32603, "{error}");
+    assert!(
+        error["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("server restarted"),
+        "{error}"
+    );
+    // Once: a second restart (a copy of the copy) does not answer it again.
+    let c_dir = tempfile::tempdir().unwrap();
+    copy_dir(b_dir.path(), c_dir.path());
+    let c = start(durable(c_dir.path()), McpOptions::default()).await;
+    let resp = c.send(c.get(Some(&sid), Some(&cursor))).await;
+    assert_eq!(resp.status(), 200);
+    let again: Vec<_> = SseBody::new(resp)
+        .read_to_end()
+        .await
+        .into_iter()
+        .filter(|e| e.data.is_some())
+        .collect();
+    assert_eq!(
+        again.iter().map(|e| e.id.clone()).collect::<Vec<_>>(),
+        data.iter().map(|e| e.id.clone()).collect::<Vec<_>>()
+    );
+    c.shutdown.cancel();
 
     // A GET without Last-Event-ID opens the standalone stream.
     let resp = b.send(b.get(Some(&sid), None)).await;

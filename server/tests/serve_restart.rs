@@ -201,6 +201,8 @@ struct Call {
     cursor: Option<EventId>,
     progress: u32,
     done: bool,
+    /// The call ended with the restart's error, not its result.
+    failed: bool,
     /// Every event received, in order (id, payload): the evidence.
     log: Vec<(String, String)>,
 }
@@ -277,6 +279,21 @@ impl Call {
                 ));
             }
             self.progress += 1;
+        } else if v["id"] == json!(self.request)
+            && v["error"]["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("server restarted"))
+        {
+            // The explicit answer to a call the restart cut short: only
+            // ever on a resume, after the events stored before the kill.
+            if !resumed {
+                return Err(format!(
+                    "restart error on a live stream: {data}; {}",
+                    self.evidence()
+                ));
+            }
+            self.done = true;
+            self.failed = true;
         } else if v["id"] == json!(self.request) && v.get("result").is_some() {
             if self.progress != COUNT {
                 return Err(format!(
@@ -398,7 +415,8 @@ struct Tally {
     resumes: usize,
     replayed: usize,
     finished_on_resume: usize,
-    ended_without_result: usize,
+    answered_by_restart: usize,
+    ended_without_answer: usize,
     explicit_signal: usize,
     not_found: usize,
     completed_live: usize,
@@ -407,8 +425,13 @@ struct Tally {
 
 /// What a resume answered, for the tally.
 enum Resumed {
-    /// 200 and events; whether the call's result came.
-    Replayed { events: u32, done: bool },
+    /// 200 and events; whether the call ended (result or restart error)
+    /// and whether it was the error.
+    Replayed {
+        events: u32,
+        done: bool,
+        failed: bool,
+    },
     /// 200 starting with a `gap`/`reset` signal.
     Signal,
     /// 404.
@@ -493,6 +516,7 @@ fn resume(
     Ok(Resumed::Replayed {
         events: c.progress - before + u32::from(c.done),
         done: c.done,
+        failed: c.failed,
     })
 }
 
@@ -643,16 +667,20 @@ fn sessions_resume_exactly_or_explicitly_across_sigkill_restarts() {
         for (index, outcome) in outcomes {
             let s = sessions[index].as_mut().unwrap();
             match outcome.map_err(ctx).unwrap() {
-                Resumed::Replayed { events, done } => {
+                Resumed::Replayed {
+                    events,
+                    done,
+                    failed,
+                } => {
                     tally.resumes += 1;
                     tally.replayed += events as usize;
                     restored_once = true;
-                    if done {
-                        tally.finished_on_resume += 1;
-                    } else {
-                        // The call died with the server: the stream ended
-                        // after its stored events, no result will come.
-                        tally.ended_without_result += 1;
+                    match (done, failed) {
+                        (true, false) => tally.finished_on_resume += 1,
+                        // The call died with the server: its stored events,
+                        // then the restart's error for it, then the end.
+                        (true, true) => tally.answered_by_restart += 1,
+                        (false, _) => tally.ended_without_answer += 1,
                     }
                     if !kill_in_resume {
                         s.call = None;
@@ -708,6 +736,7 @@ fn sessions_resume_exactly_or_explicitly_across_sigkill_restarts() {
                 cursor: None,
                 progress: 0,
                 done: false,
+                failed: false,
                 log: Vec::new(),
             }));
             s.call = Some(call.clone());
@@ -746,7 +775,7 @@ fn sessions_resume_exactly_or_explicitly_across_sigkill_restarts() {
                     }
                 }));
             }
-            let at = rng.below(COUNT as u64 * INTERVAL_MS + 120);
+            let at = rng.below(u64::from(COUNT) * INTERVAL_MS * 2);
             std::thread::sleep(Duration::from_millis(at));
             killed.store(true, Ordering::SeqCst);
             sigkill(&server);
@@ -807,4 +836,12 @@ fn sessions_resume_exactly_or_explicitly_across_sigkill_restarts() {
         tally.not_found, 0,
         "sessions lost across restarts: {tally:?}"
     );
+    // Every call the restart cut short was answered: its result, stored
+    // before the kill, or the restart's error — never a silent end. (A
+    // resume cut by a kill of its own is resumed again next time.)
+    assert_eq!(
+        tally.ended_without_answer, 0,
+        "resumes that ended with neither result nor error: {tally:?}"
+    );
+    assert!(tally.answered_by_restart > 0, "{tally:?}");
 }
