@@ -18,6 +18,13 @@
 //!   session (engine close + service stop) and answers 204. `initialize`
 //!   that names a live session re-initialises it ([`Engine::reopen`]: same
 //!   id, new epoch, new service), after which its old cursors get `reset`.
+//! - **Restarts.** On an engine with a data directory the session
+//!   survives the process: `initialize`'s parameters (and the requests in
+//!   flight) are stored with the engine session, and [`RewindMcp::router`]
+//!   rebuilds every restored session's service from them
+//!   ([`RewindMcp::restore_sessions`]; no re-initialise), answering each
+//!   request the dead process left unfinished with an error on its stream
+//!   (`docs/durability.md`).
 //! - **Streams.** Each POST that carries requests gets a fresh engine stream
 //!   and answers `text/event-stream`: the priming event (id = the reader's
 //!   position, empty data, `retry`), then every event of that stream,
