@@ -288,11 +288,19 @@ pub(crate) struct InitBlob {
 /// answered, and again whenever its requests in flight change.
 fn encode_init(
     params: &InitializeRequestParams,
-    inflight: Vec<(u32, RequestId, u64)>,
+    inflight: Vec<(u32, &RequestId, u64)>,
 ) -> Option<Vec<u8>> {
-    serde_json::to_vec(&InitBlob {
+    /// [`InitBlob`] by reference (the same JSON), so storing it again on
+    /// every request copies nothing but the bytes.
+    #[derive(serde::Serialize)]
+    struct Ref<'a> {
+        rewind_init: u32,
+        params: &'a InitializeRequestParams,
+        inflight: Vec<(u32, &'a RequestId, u64)>,
+    }
+    serde_json::to_vec(&Ref {
         rewind_init: INIT_BLOB_VERSION,
-        params: params.clone(),
+        params,
         inflight,
     })
     .ok()
@@ -452,7 +460,7 @@ impl McpSession {
             .requests
             .iter()
             .filter(|(id, _)| Some(*id) != except)
-            .map(|(id, p)| (p.stream, id.clone(), p.after_seq))
+            .map(|(id, p)| (p.stream, id, p.after_seq))
             .collect();
         let stored = match encode_init(params, inflight) {
             Some(blob) => self.handle.store_init(&blob),
@@ -712,5 +720,45 @@ impl McpSession {
         if !self.is_open(stream) {
             lock(&self.kicks).remove(&stream);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{decode_init, encode_init, InitializeRequestParams, RequestId};
+
+    fn params() -> InitializeRequestParams {
+        serde_json::from_value(serde_json::json!({
+            "protocolVersion": "2025-06-18",
+            "capabilities": {"sampling": {}},
+            "clientInfo": {"name": "c", "version": "1"}
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn the_stored_blob_gives_back_the_parameters_and_the_requests_in_flight() {
+        let (a, b) = (RequestId::Number(7), RequestId::String("x".into()));
+        let blob = encode_init(&params(), vec![(3, &a, 10), (4, &b, 12)]).unwrap();
+        let back = decode_init(&blob).unwrap();
+        assert_eq!(
+            serde_json::to_value(&back.params).unwrap(),
+            serde_json::to_value(params()).unwrap()
+        );
+        assert_eq!(back.inflight, [(3, a, 10), (4, b, 12)]);
+    }
+
+    #[test]
+    fn a_blob_of_another_version_or_shape_is_not_used() {
+        let other = serde_json::json!({"rewind_init": 2, "params": params()});
+        assert!(decode_init(other.to_string().as_bytes()).is_none());
+        assert!(decode_init(b"{\"init\":1}").is_none());
+        assert!(decode_init(b"").is_none());
+        // Without the list (nothing in flight), it still reads.
+        let bare = serde_json::json!({"rewind_init": 1, "params": params()});
+        assert!(decode_init(bare.to_string().as_bytes())
+            .unwrap()
+            .inflight
+            .is_empty());
     }
 }
