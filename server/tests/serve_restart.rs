@@ -19,6 +19,7 @@ use rewind_engine::EventId;
 use serde_json::{json, Value};
 
 const SESSIONS: usize = 3;
+/// Kills per run; `REWIND_RESTART_ITERATIONS` asks for more (a soak).
 const ITERATIONS: usize = 55;
 const COUNT: u32 = 60;
 const INTERVAL_MS: u64 = 4;
@@ -619,7 +620,14 @@ fn sessions_resume_exactly_or_explicitly_across_sigkill_restarts() {
     let mut sessions: Vec<Option<Session>> = (0..SESSIONS).map(|_| None).collect();
     let mut restored_once = false;
 
-    for iteration in 0..ITERATIONS {
+    let iterations = std::env::var("REWIND_RESTART_ITERATIONS")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(ITERATIONS)
+        .max(ITERATIONS);
+    // A soak may take longer than the default run's budget.
+    let budget = Duration::from_secs(170 * iterations.div_ceil(ITERATIONS) as u64);
+    for iteration in 0..iterations {
         let ctx = |e: String| format!("iteration {iteration} (seed {seed}): {e}");
         // Sometimes the kill lands while the server is starting (recovery).
         if iteration > 0 && rng.below(10) == 0 {
@@ -793,7 +801,7 @@ fn sessions_resume_exactly_or_explicitly_across_sigkill_restarts() {
             }
         }
         assert!(
-            started.elapsed() < Duration::from_secs(170),
+            started.elapsed() < budget,
             "too slow: {iteration} iterations in {:?}; {tally:?}",
             started.elapsed()
         );
@@ -826,7 +834,7 @@ fn sessions_resume_exactly_or_explicitly_across_sigkill_restarts() {
         "no stream was ever resumed: {tally:?}"
     );
     assert!(
-        tally.replayed >= ITERATIONS,
+        tally.replayed >= iterations,
         "resumes replayed too little to prove anything: {tally:?}"
     );
     // The client had its session id only once `initialize` was answered,
