@@ -384,6 +384,7 @@ impl RewindMcp {
                 tx,
                 ct,
                 params.clone(),
+                !stored.inflight.is_empty(),
             ));
             self.start_session(
                 session.clone(),

@@ -432,13 +432,16 @@ impl McpSession {
         inbound: mpsc::Sender<ClientJsonRpcMessage>,
         service_ct: CancellationToken,
         params: InitializeRequestParams,
+        had_inflight: bool,
     ) -> McpSession {
         let before = handle.cursor_now(STANDALONE);
         let s = McpSession::new(handle, principal, inbound, service_ct, true);
         *lock(&s.standalone_delivered) = Some(before);
         *lock(&s.init_params) = Some(params);
-        // Nothing is in flight any more.
-        s.persist(&lock(&s.routes), None);
+        if had_inflight {
+            // Nothing is in flight any more (each got its answer).
+            s.persist(&lock(&s.routes), None);
+        }
         s
     }
 
