@@ -121,6 +121,24 @@ impl Engine {
         })
     }
 
+    /// The live sessions restored from the data directory at start (none
+    /// for a heap engine), so the embedding can rebuild its own state for
+    /// each from [`SessionHandle::stored_init`]. Does not count as
+    /// activity.
+    pub fn restored_sessions(&self) -> Vec<SessionHandle> {
+        let now = self.shared.now_ms();
+        let mut out = Vec::new();
+        self.shared.registry.for_each(|s| {
+            if s.restored.is_some() && !self.shared.is_expired(s, now) {
+                out.push(SessionHandle {
+                    session: s.clone(),
+                    shared: self.shared.clone(),
+                });
+            }
+        });
+        out
+    }
+
     /// Ends the session `id`: its events are released and its id can never
     /// resume. Returns whether it was live.
     pub fn close(&self, id: SessionId) -> bool {

@@ -85,9 +85,9 @@ fn serve(args: &ServeArgs, matches: &ArgMatches) -> Result<(), BoxError> {
     };
     let engine = Engine::with_policy(settings.engine.clone(), Arc::clone(&host) as _)?;
     if let Some(report) = engine.recovery() {
-        // Restored engine sessions keep their events, but the MCP session
-        // state is not rebuilt yet (issue 8): until it is, their ids answer
-        // 404 as after a restart on the heap.
+        // Restored engine sessions keep their events; the MCP endpoint
+        // rebuilds their MCP sessions from the stored `initialize`
+        // parameters when its router is built.
         tracing::info!(
             dir = %report.dir.display(),
             boot = report.boot_counter,

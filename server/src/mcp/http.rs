@@ -644,7 +644,14 @@ async fn initialize(
     };
     let (tx, rx) = mpsc::channel(mcp.inner.options.inbound_capacity.max(1));
     let service_ct: CancellationToken = mcp.inner.options.shutdown.child_token();
-    let session = Arc::new(McpSession::new(handle.clone(), principal, tx, service_ct));
+    let durable = mcp.inner.engine.recovery().is_some();
+    let session = Arc::new(McpSession::new(
+        handle.clone(),
+        principal,
+        tx,
+        service_ct,
+        durable,
+    ));
     if session.register(stream, stream, parts, &mut msgs).is_err() {
         handle.close();
         return bad_request("invalid initialize request");
@@ -661,7 +668,11 @@ async fn initialize(
         mcp.inner.metrics.clone(),
         false,
     );
-    mcp.start_session(session.clone(), SessionTransport::new(session.clone(), rx));
+    mcp.start_session(
+        session.clone(),
+        SessionTransport::new(session.clone(), rx),
+        None,
+    );
     if session.forward(msgs).await.is_err() {
         handle.close();
         return refuse(

@@ -18,6 +18,13 @@
 //!   session (engine close + service stop) and answers 204. `initialize`
 //!   that names a live session re-initialises it ([`Engine::reopen`]: same
 //!   id, new epoch, new service), after which its old cursors get `reset`.
+//! - **Restarts.** On an engine with a data directory the session
+//!   survives the process: `initialize`'s parameters (and the requests in
+//!   flight) are stored with the engine session, and [`RewindMcp::router`]
+//!   rebuilds every restored session's service from them
+//!   ([`RewindMcp::restore_sessions`]; no re-initialise), answering each
+//!   request the dead process left unfinished with an error on its stream
+//!   (`docs/durability.md`).
 //! - **Streams.** Each POST that carries requests gets a fresh engine stream
 //!   and answers `text/event-stream`: the priming event (id = the reader's
 //!   position, empty data, `retry`), then every event of that stream,
@@ -137,8 +144,17 @@ pub const SUPPORTED_PROTOCOL_VERSIONS: [&str; 3] = ["2025-03-26", "2025-06-18", 
 /// (see the module docs).
 pub const STATELESS_PROTOCOL_VERSIONS: [&str; 1] = ["2026-07-28"];
 
-type StartService =
-    dyn Fn(SessionTransport, CancellationToken) -> BoxFuture<'static, ()> + Send + Sync;
+/// Starts one session's rmcp service: with `None` it expects the
+/// client's `initialize` first; with the client's (negotiated) `initialize`
+/// parameters it serves a session restored from the data directory, whose
+/// handshake happened in an earlier process.
+type StartService = dyn Fn(
+        SessionTransport,
+        CancellationToken,
+        Option<rmcp::model::InitializeRequestParams>,
+    ) -> BoxFuture<'static, ()>
+    + Send
+    + Sync;
 
 type ServeStateless = dyn Fn(
         rmcp::model::JsonRpcRequest<rmcp::model::ClientRequest>,
@@ -166,6 +182,8 @@ struct Inner {
     start: Box<StartService>,
     stateless: Box<ServeStateless>,
     sweeper_started: AtomicBool,
+    /// [`RewindMcp::restore_sessions`] ran.
+    restored: AtomicBool,
 }
 
 impl fmt::Debug for RewindMcp {
@@ -192,17 +210,33 @@ impl RewindMcp {
     {
         let factory = Arc::new(factory);
         let stateless = stateless::starter(Arc::clone(&factory));
-        let start = move |transport: SessionTransport, ct: CancellationToken| {
-            let handler = factory();
-            Box::pin(async move {
-                match handler.serve_with_ct(transport, ct).await {
-                    Ok(running) => {
-                        let _ = running.waiting().await;
+        let start =
+            move |transport: SessionTransport,
+                  ct: CancellationToken,
+                  restored: Option<rmcp::model::InitializeRequestParams>| {
+                let handler = factory();
+                Box::pin(async move {
+                    match restored {
+                        // The handshake happened before the restart: rmcp's
+                        // state is its peer info, rebuilt from what it was.
+                        Some(peer_info) => {
+                            let running = rmcp::service::serve_directly_with_ct(
+                                handler,
+                                transport,
+                                Some(peer_info),
+                                ct,
+                            );
+                            let _ = running.waiting().await;
+                        }
+                        None => match handler.serve_with_ct(transport, ct).await {
+                            Ok(running) => {
+                                let _ = running.waiting().await;
+                            }
+                            Err(e) => tracing::debug!(error = %e, "MCP session did not initialise"),
+                        },
                     }
-                    Err(e) => tracing::debug!(error = %e, "MCP session did not initialise"),
-                }
-            }) as BoxFuture<'static, ()>
-        };
+                }) as BoxFuture<'static, ()>
+            };
         RewindMcp {
             inner: Arc::new(Inner {
                 engine,
@@ -212,13 +246,20 @@ impl RewindMcp {
                 start: Box::new(start),
                 stateless,
                 sweeper_started: AtomicBool::new(false),
+                restored: AtomicBool::new(false),
             }),
         }
     }
 
     /// The axum router serving [`McpOptions::path`] (`POST`, `GET`,
     /// `DELETE`; other methods get 405).
+    ///
+    /// Rebuilds the sessions restored from the data directory first
+    /// ([`RewindMcp::restore_sessions`]) when called in a Tokio runtime.
     pub fn router(&self) -> axum::Router {
+        if tokio::runtime::Handle::try_current().is_ok() {
+            self.restore_sessions();
+        }
         http::router(self.clone())
     }
 
@@ -271,13 +312,18 @@ impl RewindMcp {
     /// Attaches a new MCP session to its engine session and starts its
     /// service. The service's transport holds the session; the engine
     /// holds it weakly and stops the service when the session ends.
-    fn start_session(&self, session: Arc<McpSession>, transport: SessionTransport) {
+    fn start_session(
+        &self,
+        session: Arc<McpSession>,
+        transport: SessionTransport,
+        restored: Option<rmcp::model::InitializeRequestParams>,
+    ) {
         let weak: Weak<McpSession> = Arc::downgrade(&session);
         session.handle.attach(weak);
         let ct = session.service_ct.clone();
         let handle = session.handle.clone();
         drop(session);
-        let run = (self.inner.start)(transport, ct);
+        let run = (self.inner.start)(transport, ct, restored);
         self.inner.services.fetch_add(1, Ordering::Relaxed);
         let this = Arc::downgrade(&self.inner);
         tokio::spawn(async move {
@@ -291,6 +337,69 @@ impl RewindMcp {
             }
         });
         self.start_sweeper();
+    }
+
+    /// Rebuilds the MCP session of every engine session restored from the
+    /// data directory ([`Engine::restored_sessions`]), from the
+    /// `initialize` parameters stored when it was opened: its rmcp service
+    /// runs again with the peer info of the original handshake, so the
+    /// client goes on without re-initialising. A restored engine session
+    /// without stored parameters (the process died between opening it and
+    /// answering `initialize`) or with unreadable ones is closed: its id
+    /// answers 404 and the client initialises again. Runs once per
+    /// endpoint (later calls return 0); [`RewindMcp::router`] calls it, in
+    /// a Tokio runtime. Returns how many sessions were rebuilt.
+    pub fn restore_sessions(&self) -> usize {
+        if self.inner.restored.swap(true, Ordering::Relaxed) {
+            return 0;
+        }
+        let mut rebuilt = 0;
+        for handle in self.inner.engine.restored_sessions() {
+            if handle.attachment::<McpSession>().is_some() {
+                continue;
+            }
+            let Some(stored) = handle.stored_init().and_then(session::decode_init) else {
+                tracing::info!(
+                    session = format_args!("{:016x}", handle.cursor_now(session::STANDALONE).tag),
+                    "restored session has no stored initialize parameters; closing it"
+                );
+                handle.close();
+                continue;
+            };
+            let (tx, rx) = tokio::sync::mpsc::channel(self.inner.options.inbound_capacity.max(1));
+            let ct = self.inner.options.shutdown.child_token();
+            let principal = handle.principal().map(str::to_owned);
+            let unfinished = session::answer_unfinished(&handle, &stored.inflight);
+            if unfinished > 0 {
+                tracing::info!(
+                    session = format_args!("{:016x}", handle.cursor_now(session::STANDALONE).tag),
+                    requests = unfinished,
+                    "requests in flight at the restart answered with an error"
+                );
+            }
+            let params = stored.params;
+            let session = Arc::new(McpSession::restored(
+                handle,
+                principal,
+                tx,
+                ct,
+                params.clone(),
+                !stored.inflight.is_empty(),
+            ));
+            self.start_session(
+                session.clone(),
+                SessionTransport::new(session, rx),
+                Some(params),
+            );
+            rebuilt += 1;
+        }
+        if rebuilt > 0 {
+            tracing::info!(
+                sessions = rebuilt,
+                "MCP sessions rebuilt from the data directory"
+            );
+        }
+        rebuilt
     }
 
     fn start_sweeper(&self) {

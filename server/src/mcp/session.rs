@@ -32,8 +32,9 @@ use rewind_engine::{
     Attachment, CallGuard, EndReason, EventId, Replay, ReplayError, SessionHandle,
 };
 use rmcp::model::{
-    ClientJsonRpcMessage, GetExtensions, GetMeta, JsonRpcNotification, ProgressToken, RequestId,
-    ServerJsonRpcMessage, ServerNotification,
+    ClientJsonRpcMessage, ClientRequest, GetExtensions, GetMeta, InitializeRequestParams,
+    JsonRpcNotification, ProgressToken, RequestId, ServerJsonRpcMessage, ServerNotification,
+    ServerResult,
 };
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -106,6 +107,9 @@ struct Pending {
     /// answered with one JSON body that cannot carry them.
     side: u32,
     progress: Option<ProgressToken>,
+    /// The session's highest sequence number when the request arrived:
+    /// its answer comes after it (see [`answer_unfinished`]).
+    after_seq: u64,
     /// Keeps the engine from evicting the session while the request runs
     /// (a tool still streaming to a client that is between connections).
     _call: CallGuard,
@@ -250,6 +254,130 @@ pub(crate) struct McpSession {
     standalone_delivered: Mutex<Option<EventId>>,
     /// Stops the session's rmcp service.
     pub(crate) service_ct: CancellationToken,
+    /// The `initialize` request in flight (its id and parameters), until
+    /// its answer is stored: then the parameters, with the negotiated
+    /// protocol version, go into the data directory
+    /// ([`SessionHandle::store_init`]) so a restart can rebuild the session.
+    init_pending: Mutex<Option<(RequestId, InitializeRequestParams)>>,
+    /// The stored `initialize` parameters, once stored; with a data
+    /// directory, the blob is stored again with the requests in flight
+    /// whenever a request starts or ends (see [`McpSession::persist`]).
+    init_params: Mutex<Option<InitializeRequestParams>>,
+    /// The engine keeps a data directory (else nothing is stored).
+    durable: bool,
+}
+
+/// The version of the blob [`encode_init`] writes.
+const INIT_BLOB_VERSION: u32 = 1;
+
+/// What a session stores with its engine session
+/// ([`SessionHandle::store_init`]).
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+pub(crate) struct InitBlob {
+    rewind_init: u32,
+    /// The client's `initialize` parameters, `protocolVersion` being the
+    /// negotiated one (as rmcp keeps them as the session's peer info).
+    pub(crate) params: InitializeRequestParams,
+    /// The requests in flight: their stream, their id, and the session's
+    /// highest sequence number when they arrived.
+    #[serde(default)]
+    pub(crate) inflight: Vec<(u32, RequestId, u64)>,
+}
+
+/// The blob a session stores with the engine once its `initialize` is
+/// answered, and again whenever its requests in flight change.
+fn encode_init(
+    params: &InitializeRequestParams,
+    inflight: Vec<(u32, &RequestId, u64)>,
+) -> Option<Vec<u8>> {
+    /// [`InitBlob`] by reference (the same JSON), so storing it again on
+    /// every request copies nothing but the bytes.
+    #[derive(serde::Serialize)]
+    struct Ref<'a> {
+        rewind_init: u32,
+        params: &'a InitializeRequestParams,
+        inflight: Vec<(u32, &'a RequestId, u64)>,
+    }
+    serde_json::to_vec(&Ref {
+        rewind_init: INIT_BLOB_VERSION,
+        params,
+        inflight,
+    })
+    .ok()
+}
+
+/// What a restored session stored before the restart; `None` for a blob
+/// of another version or that does not parse.
+pub(crate) fn decode_init(blob: &[u8]) -> Option<InitBlob> {
+    let b: InitBlob = serde_json::from_slice(blob).ok()?;
+    (b.rewind_init == INIT_BLOB_VERSION).then_some(b)
+}
+
+/// The message a request in flight when the server died gets on its
+/// stream after the restart.
+pub(crate) const RESTART_MESSAGE: &str =
+    "the server restarted while this request was running; it was not completed";
+
+/// For each request the restored session had in flight (as its last
+/// stored blob says), appends an error response on its stream unless the
+/// stream already holds its answer (the process died between storing the
+/// answer and noting it), so a client resuming that stream gets the
+/// events stored before the restart, then that explicit answer, then the
+/// end. Nothing is appended when events after the request's arrival were
+/// released meanwhile (an answer among them cannot be ruled out): that
+/// stream just ends. Returns how many requests were answered so.
+pub(crate) fn answer_unfinished(
+    handle: &SessionHandle,
+    inflight: &[(u32, RequestId, u64)],
+) -> usize {
+    #[derive(serde::Deserialize)]
+    struct Probe {
+        id: Option<RequestId>,
+        method: Option<serde::de::IgnoredAny>,
+    }
+    let mut answered = 0;
+    let mut buf = Vec::new();
+    for (stream, id, after_seq) in inflight {
+        let mut replay = handle.subscribe_from_start(*stream);
+        let mut provable = true;
+        let mut found = false;
+        let mut gaps = 0;
+        loop {
+            match replay.next_into(&mut buf) {
+                Ok(Some(_)) => {
+                    let answers = serde_json::from_slice::<Probe>(&buf)
+                        .is_ok_and(|p| p.method.is_none() && p.id.as_ref() == Some(id));
+                    if answers {
+                        found = true;
+                        break;
+                    }
+                }
+                Ok(None) => break,
+                Err(ReplayError::Lagged { .. }) => {
+                    gaps += 1;
+                    if replay.skip_gap() > after_seq + 1 || gaps > 2 {
+                        provable = false;
+                        break;
+                    }
+                }
+                Err(_ended) => return answered,
+            }
+        }
+        if found || !provable {
+            continue;
+        }
+        let err = ServerJsonRpcMessage::error(
+            rmcp::ErrorData::internal_error(RESTART_MESSAGE, None),
+            Some(id.clone()),
+        );
+        let appended = serde_json::to_vec(&err)
+            .ok()
+            .is_some_and(|p| handle.append(*stream, &p).is_ok());
+        if appended {
+            answered += 1;
+        }
+    }
+    answered
 }
 
 impl fmt::Debug for McpSession {
@@ -273,6 +401,7 @@ impl McpSession {
         principal: Option<String>,
         inbound: mpsc::Sender<ClientJsonRpcMessage>,
         service_ct: CancellationToken,
+        durable: bool,
     ) -> McpSession {
         McpSession {
             handle,
@@ -283,6 +412,71 @@ impl McpSession {
             kicks: Mutex::new(HashMap::new()),
             standalone_delivered: Mutex::new(None),
             service_ct,
+            init_pending: Mutex::new(None),
+            init_params: Mutex::new(None),
+            durable,
+        }
+    }
+
+    /// The MCP session of an engine session restored from the data
+    /// directory. Nothing is in flight (requests of the earlier process
+    /// are not re-run, so every request stream of before the restart is
+    /// closed: a resume replays what it stored, then ends). A `GET` without
+    /// `Last-Event-ID` starts after the standalone events stored before the
+    /// restart: whether they reached a connection then is unknown, and a
+    /// client that wants them resumes from its own cursor, so none is
+    /// delivered twice.
+    pub(crate) fn restored(
+        handle: SessionHandle,
+        principal: Option<String>,
+        inbound: mpsc::Sender<ClientJsonRpcMessage>,
+        service_ct: CancellationToken,
+        params: InitializeRequestParams,
+        had_inflight: bool,
+    ) -> McpSession {
+        let before = handle.cursor_now(STANDALONE);
+        let s = McpSession::new(handle, principal, inbound, service_ct, true);
+        *lock(&s.standalone_delivered) = Some(before);
+        *lock(&s.init_params) = Some(params);
+        if had_inflight {
+            // Nothing is in flight any more (each got its answer).
+            s.persist(&lock(&s.routes), None);
+        }
+        s
+    }
+
+    /// Stores the session's blob again: its `initialize` parameters and
+    /// the requests in flight in `routes` (but `except`), so that after a
+    /// crash each of them gets an explicit answer ([`answer_unfinished`]).
+    /// Called with the routes locked, so blobs are stored in the order the
+    /// routes changed. Nothing for a heap engine, or before `initialize`
+    /// is answered.
+    fn persist(&self, routes: &Routes, except: Option<&RequestId>) {
+        if !self.durable {
+            return;
+        }
+        let params = lock(&self.init_params);
+        let Some(params) = params.as_ref() else {
+            return;
+        };
+        let inflight = routes
+            .requests
+            .iter()
+            .filter(|(id, _)| Some(*id) != except)
+            .map(|(id, p)| (p.stream, id, p.after_seq))
+            .collect();
+        let stored = match encode_init(params, inflight) {
+            Some(blob) => self.handle.store_init(&blob),
+            None => Err(std::io::Error::other(
+                "cannot serialise the initialize parameters",
+            )),
+        };
+        if let Err(e) = stored {
+            tracing::warn!(
+                session = format_args!("{:016x}", self.tag()),
+                error = %e,
+                "session state not stored; a restart may not rebuild it"
+            );
         }
     }
 
@@ -310,6 +504,9 @@ impl McpSession {
         let mut count = 0;
         for m in msgs.iter_mut() {
             if let ClientJsonRpcMessage::Request(r) = m {
+                if let ClientRequest::InitializeRequest(init) = &r.request {
+                    *lock(&self.init_pending) = Some((r.id.clone(), init.params.clone()));
+                }
                 let progress = r.request.get_meta().get_progress_token();
                 if let Some(token) = &progress {
                     routes.progress.insert(token.clone(), side);
@@ -320,6 +517,7 @@ impl McpSession {
                         stream,
                         side,
                         progress,
+                        after_seq: self.handle.high_water(),
                         _call: self.handle.begin_call(),
                     },
                 );
@@ -340,6 +538,9 @@ impl McpSession {
         }
         if count > 0 {
             routes.open.insert(stream, count);
+            // Before the requests reach the service, so any answer they get
+            // comes after the note that they are in flight.
+            self.persist(&routes, None);
         }
         Ok(())
     }
@@ -364,9 +565,21 @@ impl McpSession {
     /// response of a cancelled request), closing its stream if it was the
     /// last one pending there.
     pub(crate) fn cancel(&self, id: &RequestId) {
-        if lock(&self.routes).complete(id) {
+        if self.complete(id) {
             self.stream_closed.notify(usize::MAX);
         }
+    }
+
+    /// Request `id` is done: forgotten by the routes and, with a data
+    /// directory, by the stored blob. Returns whether its stream closed.
+    fn complete(&self, id: &RequestId) -> bool {
+        let mut routes = lock(&self.routes);
+        let known = routes.requests.contains_key(id);
+        let closed = routes.complete(id);
+        if known {
+            self.persist(&routes, None);
+        }
+        closed
     }
 
     /// Hands `msgs` to the rmcp service, in order.
@@ -380,6 +593,9 @@ impl McpSession {
     /// Stores one outgoing message on the one stream it belongs to.
     pub(crate) fn deliver(&self, msg: &ServerJsonRpcMessage) {
         let (stream, completes) = lock(&self.routes).route(msg);
+        if completes.is_some() {
+            self.store_init_on_answer(msg);
+        }
         let payload = match serde_json::to_vec(msg) {
             Ok(p) => p,
             Err(e) => {
@@ -413,10 +629,34 @@ impl McpSession {
             Err(e) => tracing::debug!(error = %e, stream, "outgoing MCP message dropped"),
         }
         if let Some(id) = completes {
-            if lock(&self.routes).complete(&id) {
+            if self.complete(&id) {
                 self.stream_closed.notify(usize::MAX);
             }
         }
+    }
+
+    /// If `msg` answers the session's `initialize`, stores its parameters
+    /// with the negotiated version — before the answer is appended, so a
+    /// client that has its session id has a session a restart rebuilds.
+    fn store_init_on_answer(&self, msg: &ServerJsonRpcMessage) {
+        let rmcp::model::JsonRpcMessage::Response(r) = msg else {
+            return;
+        };
+        let ServerResult::InitializeResult(result) = &r.result else {
+            return;
+        };
+        let mut pending = lock(&self.init_pending);
+        if pending.as_ref().is_none_or(|(id, _)| *id != r.id) {
+            return;
+        }
+        let Some((_, mut params)) = pending.take() else {
+            return;
+        };
+        drop(pending);
+        params.protocol_version = result.protocol_version.clone();
+        *lock(&self.init_params) = Some(params);
+        // `initialize` itself is answered right after this: not in flight.
+        self.persist(&lock(&self.routes), Some(&r.id));
     }
 
     /// The token that ends the responses serving `stream` now.
@@ -483,5 +723,45 @@ impl McpSession {
         if !self.is_open(stream) {
             lock(&self.kicks).remove(&stream);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{decode_init, encode_init, InitializeRequestParams, RequestId};
+
+    fn params() -> InitializeRequestParams {
+        serde_json::from_value(serde_json::json!({
+            "protocolVersion": "2025-06-18",
+            "capabilities": {"sampling": {}},
+            "clientInfo": {"name": "c", "version": "1"}
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn the_stored_blob_gives_back_the_parameters_and_the_requests_in_flight() {
+        let (a, b) = (RequestId::Number(7), RequestId::String("x".into()));
+        let blob = encode_init(&params(), vec![(3, &a, 10), (4, &b, 12)]).unwrap();
+        let back = decode_init(&blob).unwrap();
+        assert_eq!(
+            serde_json::to_value(&back.params).unwrap(),
+            serde_json::to_value(params()).unwrap()
+        );
+        assert_eq!(back.inflight, [(3, a, 10), (4, b, 12)]);
+    }
+
+    #[test]
+    fn a_blob_of_another_version_or_shape_is_not_used() {
+        let other = serde_json::json!({"rewind_init": 2, "params": params()});
+        assert!(decode_init(other.to_string().as_bytes()).is_none());
+        assert!(decode_init(b"{\"init\":1}").is_none());
+        assert!(decode_init(b"").is_none());
+        // Without the list (nothing in flight), it still reads.
+        let bare = serde_json::json!({"rewind_init": 1, "params": params()});
+        assert!(decode_init(bare.to_string().as_bytes())
+            .unwrap()
+            .inflight
+            .is_empty());
     }
 }
