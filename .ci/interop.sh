@@ -4,7 +4,10 @@
 #      pinned; 0.1.13 is the last one that runs on Node 20), one run per scenario;
 #   2. interop with the official TypeScript SDK client (tests/interop/*.mjs):
 #      resume after a cut, tenant boundary over plain HTTP, a sampling request
-#      cut and resumed before the client answers, server restart;
+#      cut and resumed before the client answers, server restart, and a
+#      durable server (--data-dir) SIGKILLed mid-call: the same session
+#      resumes the call (every stored progress once, then the restart's
+#      error) and goes on without initializing again;
 #   3. interop with the official Python SDK client (`mcp` from PyPI, pinned,
 #      installed into a venv in the work directory): cut mid-call and resumed
 #      by the SDK itself; a stateless (2026-07-28) call.
@@ -187,5 +190,10 @@ stop_server
 # The restart test runs its own server (twice, on the same port).
 run_script restart 240 --url "http://127.0.0.1:$RPORT/mcp" \
     --server-cmd "$BIN serve --listen 127.0.0.1:$RPORT --admin-listen 127.0.0.1:$RADMIN_PORT"
+
+# The same ports once the restart test has stopped its server: a durable
+# server SIGKILLed mid-call and started again on its data directory.
+run_script restart-durable 240 --url "http://127.0.0.1:$RPORT/mcp" \
+    --server-cmd "$BIN serve --listen 127.0.0.1:$RPORT --admin-listen 127.0.0.1:$RADMIN_PORT --data-dir $WORK/data --global-bytes 134217728"
 
 finish
