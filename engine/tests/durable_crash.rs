@@ -167,10 +167,15 @@ fn sigkilled_appenders_lose_only_unacknowledged_events_and_never_expose_a_torn_o
     let _serial = serial();
     let dir = tempfile::tempdir().unwrap();
     let exe = std::env::current_exe().unwrap();
-    let seed = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos() as u64
+    let seed = std::env::var("REWIND_TEST_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos() as u64
+        })
         | 1;
     println!("seed {seed}");
     let mut rng = Rng(seed);
@@ -260,7 +265,14 @@ fn sigkilled_appenders_lose_only_unacknowledged_events_and_never_expose_a_torn_o
         for (i, id) in ids.iter().enumerate() {
             let s = engine
                 .session(*id)
-                .unwrap_or_else(|| panic!("iteration {iteration}: session {i} is gone"));
+                .unwrap_or_else(|| {
+                    panic!(
+                        "iteration {iteration}: session {i} is gone; recovery: {:?}; restored: {}; metrics: {:?}",
+                        engine.recovery(),
+                        engine.restored_sessions().len(),
+                        engine.metrics()
+                    )
+                });
             let events = replay_all(&s);
             let high = s.high_water();
             assert!(
@@ -285,7 +297,9 @@ fn sigkilled_appenders_lose_only_unacknowledged_events_and_never_expose_a_torn_o
             );
             assert!(
                 high + 1 - first >= 64.min(high),
-                "iteration {iteration}: session {i} keeps less than its retention"
+                "iteration {iteration}: session {i} keeps less than its retention \
+                 ({first}..={high}); recovery: {:?}",
+                engine.recovery()
             );
             for (seq, bytes) in &events {
                 assert!(
@@ -408,9 +422,13 @@ fn sigkilled_concurrent_writers_of_one_session_lose_only_unacknowledged_events()
 
         let engine = Engine::new(config(dir.path())).expect("reopen after SIGKILL");
         for (i, id) in ids.iter().enumerate() {
-            let s = engine
-                .session(*id)
-                .unwrap_or_else(|| panic!("run {run}: session {i} is gone"));
+            let s = engine.session(*id).unwrap_or_else(|| {
+                panic!(
+                    "run {run}: session {i} is gone; recovery: {:?}; restored: {}",
+                    engine.recovery(),
+                    engine.restored_sessions().len()
+                )
+            });
             let events = replay_all(&s);
             let high = s.high_water();
             let k = &mut known[i];
