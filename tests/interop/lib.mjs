@@ -2,6 +2,8 @@
 // reporting, deadlines, and a watchdog so that every script always ends.
 
 import { parseArgs } from 'node:util';
+import { spawn } from 'node:child_process';
+import net from 'node:net';
 
 /** Parses `--name value` options; `spec` maps names to default string values. */
 export function options(spec) {
@@ -211,4 +213,81 @@ export async function initialize(url, name) {
     const ack = await http(url, { session, protocolVersion: pv, body: { jsonrpc: '2.0', method: 'notifications/initialized' } });
     if (ack.status !== 202) throw new Error(`${name}: notifications/initialized answered HTTP ${ack.status} (expected 202): ${ack.raw.slice(0, 300)}`);
     return { session, protocolVersion: pv };
+}
+
+// --- a server process the script runs itself (restart tests) ---------------------
+
+/**
+ * `rewind serve` (the command line `cmdLine`, split on spaces) run by the
+ * script on `url`'s port, so one client can live across its restarts.
+ * `start` waits for the port; `stop` sends SIGTERM (SIGKILL after 10 s),
+ * `kill` SIGKILL; both wait for the port to close. `log` keeps the last
+ * 200 lines of output. The process is killed when the script exits.
+ */
+export function serverProcess(url, cmdLine, startTimeout) {
+    const [cmd, ...args] = cmdLine.trim().split(/\s+/);
+    const port = Number(url.port);
+    const s = { proc: null, log: [] };
+    const portOpen = () =>
+        new Promise(resolve => {
+            const c = net.connect({ host: url.hostname, port }, () => {
+                c.destroy();
+                resolve(true);
+            });
+            c.on('error', () => resolve(false));
+            c.setTimeout(1000, () => {
+                c.destroy();
+                resolve(false);
+            });
+        });
+    const portClosed = async () => {
+        for (let i = 0; i < 50 && (await portOpen()); i++) await sleep(100);
+    };
+    s.killOnExit = () => {
+        if (s.proc && s.proc.exitCode === null && s.proc.signalCode === null) s.proc.kill('SIGKILL');
+    };
+    process.on('exit', s.killOnExit);
+    for (const sig of ['SIGINT', 'SIGTERM']) process.on(sig, () => process.exit(1));
+    s.start = async label => {
+        if (await portOpen()) throw new Error(`${label}: port ${port} is already in use before the server starts`);
+        s.log = [];
+        s.proc = spawn(cmd, args, { stdio: ['ignore', 'pipe', 'pipe'] });
+        const keep = d => {
+            s.log.push(...d.toString().split('\n').filter(Boolean));
+            if (s.log.length > 200) s.log.splice(0, s.log.length - 200);
+        };
+        s.proc.stdout.on('data', keep);
+        s.proc.stderr.on('data', keep);
+        const t0 = Date.now();
+        while (Date.now() - t0 < startTimeout) {
+            if (s.proc.exitCode !== null) throw new Error(`${label}: server exited with ${s.proc.exitCode} during start: ${s.log.slice(-20).join('\n')}`);
+            if (await portOpen()) return Date.now() - t0;
+            await sleep(100);
+        }
+        throw new Error(`${label}: port ${port} not open after ${startTimeout} ms; server output: ${s.log.slice(-20).join('\n')}`);
+    };
+    const exited = proc => new Promise(r => proc.once('exit', (code, signal) => r({ code, signal })));
+    s.stop = async () => {
+        const proc = s.proc;
+        const done = exited(proc);
+        const t0 = Date.now();
+        proc.kill('SIGTERM');
+        let how = await Promise.race([done, sleep(10000).then(() => null)]);
+        let graceful = true;
+        if (!how) {
+            graceful = false;
+            proc.kill('SIGKILL');
+            how = await within(5000, 'server exit after SIGKILL', done);
+        }
+        await portClosed();
+        return { ms: Date.now() - t0, graceful, ...how };
+    };
+    s.kill = async () => {
+        const done = exited(s.proc);
+        s.proc.kill('SIGKILL');
+        const how = await within(5000, 'server exit after SIGKILL', done);
+        await portClosed();
+        return how;
+    };
+    return s;
 }

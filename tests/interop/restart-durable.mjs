@@ -14,16 +14,13 @@
 // so that one Client object lives across the crash; the command is split on
 // spaces. The server is always stopped on exit.
 
-import { spawn } from 'node:child_process';
-import net from 'node:net';
 import { Client } from '@modelcontextprotocol/sdk/client/index.js';
 import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js';
 import { CallToolResultSchema } from '@modelcontextprotocol/sdk/types.js';
-import { Report, options, progressProblem, resultText, sleep, watchdog, within } from './lib.mjs';
+import { Report, options, progressProblem, resultText, serverProcess, sleep, watchdog, within } from './lib.mjs';
 
 const opt = options({ url: undefined, 'server-cmd': undefined, 'start-timeout-ms': '60000', 'cut-after': '5' });
 const url = new URL(opt.url);
-const [cmd, ...args] = opt['server-cmd'].trim().split(/\s+/);
 const startTimeout = Number(opt['start-timeout-ms']);
 const cutAfter = Number(opt['cut-after']);
 watchdog('restart-durable', 2 * startTimeout + 60000);
@@ -31,57 +28,9 @@ const rep = new Report('restart-durable');
 // No automatic reconnects: the resume below is the client's own, explicit one.
 const noRetry = { maxRetries: 0, initialReconnectionDelay: 100, maxReconnectionDelay: 100, reconnectionDelayGrowFactor: 1 };
 
-let server = null;
-let serverLog = [];
-function stopOnExit() {
-    if (server && server.exitCode === null && server.signalCode === null) server.kill('SIGKILL');
-}
-process.on('exit', stopOnExit);
-for (const sig of ['SIGINT', 'SIGTERM']) process.on(sig, () => process.exit(1));
-
-function portOpen(port) {
-    return new Promise(resolve => {
-        const s = net.connect({ host: url.hostname, port }, () => {
-            s.destroy();
-            resolve(true);
-        });
-        s.on('error', () => resolve(false));
-        s.setTimeout(1000, () => {
-            s.destroy();
-            resolve(false);
-        });
-    });
-}
-
-async function startServer(label) {
-    const port = Number(url.port);
-    if (await portOpen(port)) throw new Error(`${label}: port ${port} is already in use before the server starts`);
-    serverLog = [];
-    server = spawn(cmd, args, { stdio: ['ignore', 'pipe', 'pipe'] });
-    const keep = d => {
-        serverLog.push(...d.toString().split('\n').filter(Boolean));
-        if (serverLog.length > 200) serverLog.splice(0, serverLog.length - 200);
-    };
-    server.stdout.on('data', keep);
-    server.stderr.on('data', keep);
-    const t0 = Date.now();
-    while (Date.now() - t0 < startTimeout) {
-        if (server.exitCode !== null) throw new Error(`${label}: server exited with ${server.exitCode} during start: ${serverLog.slice(-20).join('\n')}`);
-        if (await portOpen(port)) return Date.now() - t0;
-        await sleep(100);
-    }
-    throw new Error(`${label}: port ${port} not open after ${startTimeout} ms; server output: ${serverLog.slice(-20).join('\n')}`);
-}
-
-async function killServer() {
-    const proc = server;
-    const exited = new Promise(r => proc.once('exit', (code, signal) => r({ code, signal })));
-    proc.kill('SIGKILL');
-    const how = await within(5000, 'server exit after SIGKILL', exited);
-    const port = Number(url.port);
-    for (let i = 0; i < 50 && (await portOpen(port)); i++) await sleep(100);
-    return how;
-}
+const server = serverProcess(url, opt['server-cmd'], startTimeout);
+const startServer = server.start;
+const killServer = server.kill;
 
 async function main() {
     const started1 = await startServer('first start');
@@ -189,6 +138,6 @@ async function main() {
 }
 
 await rep.run('main', main);
-if (rep.failed && serverLog.length) console.log(`--- last server output ---\n${serverLog.slice(-30).join('\n')}`);
-stopOnExit();
+if (rep.failed && server.log.length) console.log(`--- last server output ---\n${server.log.slice(-30).join('\n')}`);
+server.killOnExit();
 rep.finish();
