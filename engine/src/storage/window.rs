@@ -211,6 +211,14 @@ impl Window {
         self.head.load(Ordering::Relaxed)
     }
 
+    /// The oldest segment and its header, as a walk from the oldest end
+    /// starts with them (tests release segments behind such a walk).
+    #[cfg(test)]
+    pub(crate) fn oldest_segment(&self, pool: &Pool) -> Option<(SegRef, SegmentHeader)> {
+        let oldest = SegRef::unpack(self.oldest.load(Ordering::Acquire))?;
+        Some((oldest, read_header(pool, oldest)?))
+    }
+
     /// Units of pool memory the window holds.
     pub(crate) fn held_units(&self) -> u32 {
         self.held_units.load(Ordering::Relaxed)
@@ -853,7 +861,12 @@ impl Window {
                         return Locate::Gone;
                     }
                     if seq - h.first_seq < head_header.first_seq - seq {
-                        return walk_forward(pool, owner, seq, oldest, h);
+                        if let Some(found) = walk_forward(pool, owner, seq, oldest, h) {
+                            return found;
+                        }
+                        // The chain moved under the walk: fall back to the
+                        // walk from the head, which only ever meets
+                        // segments released *before* `seq`'s.
                     }
                 }
             }
@@ -886,41 +899,45 @@ impl Window {
 /// [`Window::locate`] from the oldest end: follows the seals' forward links
 /// from `seg` (whose header `h` has `first_seq <= seq`) until the next
 /// segment starts after `seq`.
-fn walk_forward(
+///
+/// `None` when a segment on the way was released (or a link did not hold)
+/// before the walk reached `seq`'s segment. That says nothing about `seq`:
+/// retention releases from the oldest end, so segments *behind* the walk
+/// can go while `seq`'s is still held. Reporting it as gone would tell a
+/// reader of a gap that is not there; the caller walks from the head
+/// instead.
+pub(super) fn walk_forward(
     pool: &Pool,
     owner: Owner,
     seq: u64,
     mut seg: SegRef,
     mut h: SegmentHeader,
-) -> Locate {
+) -> Option<Locate> {
     for _ in 0..=pool.shape().units {
-        let next = match State::decode(pool.state(seg.unit).load(Ordering::Acquire), seg.stamp) {
-            None => return Locate::Gone,
+        let next = match State::decode(pool.state(seg.unit).load(Ordering::Acquire), seg.stamp)? {
             // Not sealed: the chain ends here, and so does `seq`'s search.
-            Some(State::Open { .. } | State::Last { .. }) => {
-                return Locate::At(Pos::at(seg, &h, seq))
+            State::Open { .. } | State::Last { .. } => {
+                return Some(Locate::At(Pos::at(seg, &h, seq)))
             }
-            Some(State::Next { next }) => next,
+            State::Next { next } => next,
         };
         let n = SegRef {
             unit: next,
             stamp: pool.stamp_now(next, Ordering::Acquire),
         };
-        let Some(nh) = read_header(pool, n) else {
-            return Locate::Gone;
-        };
+        let nh = read_header(pool, n)?;
         if !is_owner(&nh, owner) || nh.prev != seg.pack() || nh.first_seq < h.first_seq {
-            return Locate::Gone;
+            return None;
         }
         if seq < nh.first_seq {
-            return Locate::At(Pos::at(seg, &h, seq));
+            return Some(Locate::At(Pos::at(seg, &h, seq)));
         }
         (seg, h) = (n, nh);
     }
-    Locate::Gone
+    None
 }
 
-enum Locate {
+pub(super) enum Locate {
     At(Pos),
     NotYet,
     Gone,
