@@ -66,7 +66,7 @@ pub(crate) struct Cursor {
 }
 
 #[derive(Clone, Copy, Debug)]
-struct Pos {
+pub(super) struct Pos {
     seg: SegRef,
     class: u8,
     first_seq: u64,
