@@ -308,6 +308,17 @@ impl Window {
                     }
                     let wanted = need_class.max(keep.grow_class.min(class + 1));
                     let first_seq = words[FIRST_SEQ].load(Ordering::Relaxed) + u64::from(count);
+                    // The head may have been sealed, released and reused by
+                    // another session since its state was loaded: then the
+                    // word just read is that session's. The seal below would
+                    // fail anyway, but a spare prepared with it would carry
+                    // a foreign first sequence number until it is freed —
+                    // and into recovery if the process died meanwhile.
+                    fence(Ordering::Acquire);
+                    if pool.stamp_now(head.unit, Ordering::Relaxed) != head.stamp {
+                        spin.snooze();
+                        continue;
+                    }
                     let Some((seg, next_class)) = take_spare(pool, &mut spare, wanted, need_class)
                     else {
                         // Retention runs on every install, but a writer
@@ -988,8 +999,9 @@ fn init_segment(
         prev: if prev == NO_SEG { 0 } else { prev.pack() },
         info: u64::from(class),
         opened_ms: now_ms,
-        reserved: 0,
-    };
+        check: 0,
+    }
+    .checked(seg.stamp);
     // Relaxed: published by the CAS that links the segment (Release).
     for (w, v) in pool.segment(seg.unit, class)[..HEADER_WORDS]
         .iter()
