@@ -198,6 +198,7 @@ impl Shared {
             bytes: recovery.bytes,
             damaged_frames: recovery.damaged_frames,
             dropped_segments: recovery.dropped_segments,
+            unverified_headers: recovery.unverified_headers,
             torn_records: opened.torn_records,
             ..RecoveryReport::default()
         };

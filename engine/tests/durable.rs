@@ -114,10 +114,10 @@ fn truncated_foreign_and_other_version_files_are_refused() {
     let e = data_dir_error(config(dir.path()));
     assert!(matches!(e, DataDirError::BadMagic { .. }), "{e}");
 
-    // Version 2 in both copies, with checksums that match it.
+    // Another version in both copies, with checksums that match it.
     let mut newer = good.clone();
     for at in [0, 2048] {
-        newer[at + 8..at + 12].copy_from_slice(&2u32.to_le_bytes());
+        newer[at + 8..at + 12].copy_from_slice(&3u32.to_le_bytes());
         let crc = crc32fast::hash(&newer[at..at + 64]);
         newer[at + 64..at + 72].copy_from_slice(&u64::from(crc).to_le_bytes());
     }
@@ -127,8 +127,8 @@ fn truncated_foreign_and_other_version_files_are_refused() {
         matches!(
             e,
             DataDirError::Version {
-                found: 2,
-                expected: 1,
+                found: 3,
+                expected: 2,
                 ..
             }
         ),

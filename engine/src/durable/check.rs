@@ -41,6 +41,10 @@ pub struct CheckReport {
     pub damaged_frames: u64,
     /// Owned segments a restart would free (unreachable or behind damage).
     pub dropped_segments: u64,
+    /// Owned segments among them whose header did not verify: allocated
+    /// but not yet written when the process died (normal after a crash),
+    /// or damaged since.
+    pub unverified_headers: u64,
     /// Journal records skipped as torn or damaged.
     pub torn_records: usize,
 }
@@ -95,8 +99,12 @@ impl fmt::Display for CheckReport {
         writeln!(
             f,
             "  damage: {} frames, {} torn journal records, {} unprovable sessions; \
-             {} segments to free",
-            self.damaged_frames, self.torn_records, self.unprovable_sessions, self.dropped_segments
+             {} segments to free ({} with unverified headers)",
+            self.damaged_frames,
+            self.torn_records,
+            self.unprovable_sessions,
+            self.dropped_segments,
+            self.unverified_headers
         )?;
         for s in &self.sessions {
             writeln!(
@@ -211,6 +219,7 @@ pub fn check(dir: &Path) -> Result<CheckReport, DataDirError> {
         bytes: recovery.bytes,
         damaged_frames: recovery.damaged_frames,
         dropped_segments: recovery.dropped_segments,
+        unverified_headers: recovery.unverified_headers,
         torn_records: scan.torn,
     })
 }

@@ -15,8 +15,9 @@ use crate::storage::PoolShape;
 
 /// The first eight bytes of every pool file.
 pub(crate) const MAGIC: [u8; 8] = *b"RWNDPOOL";
-/// The format this build writes and reads.
-pub(crate) const VERSION: u32 = 1;
+/// The format this build writes and reads (2: segment headers carry a
+/// check bound to their allocation).
+pub(crate) const VERSION: u32 = 2;
 /// Bytes before the pool's words: one page.
 pub(crate) const HEADER_BYTES: usize = 4096;
 /// Where the second copy starts.

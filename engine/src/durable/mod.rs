@@ -71,6 +71,10 @@ pub struct RecoveryReport {
     /// Segments that were dropped: unreachable from a journaled session,
     /// or behind damage.
     pub dropped_segments: u64,
+    /// Owned segments among them whose header did not verify: allocated
+    /// but not yet written when the process died (normal after a crash),
+    /// or damaged since.
+    pub unverified_headers: u64,
     /// Journal records skipped as torn or damaged.
     pub torn_records: usize,
     /// Milliseconds recovery took.
@@ -95,8 +99,12 @@ impl std::fmt::Display for RecoveryReport {
         if self.damaged_frames + self.dropped_segments + self.torn_records as u64 > 0 {
             write!(
                 f,
-                " ({} damaged frames, {} dropped segments, {} torn journal records)",
-                self.damaged_frames, self.dropped_segments, self.torn_records
+                " ({} damaged frames, {} dropped segments of which {} with unverified headers, \
+                 {} torn journal records)",
+                self.damaged_frames,
+                self.dropped_segments,
+                self.unverified_headers,
+                self.torn_records
             )?;
         }
         Ok(())

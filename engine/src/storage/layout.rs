@@ -59,6 +59,14 @@ pub(crate) const WORD_BYTES: usize = 8;
 /// The in-band header of an owned segment. Written once by the allocating
 /// writer before the segment is published; read by readers and recovery,
 /// validated by the segment's stamp.
+///
+/// `check` binds the header to the allocation that wrote it: the CRC-32 of
+/// words 1..=6 and the stamp's low half. Readers of a live pool need no
+/// check (the stamp tells them the header is the current owner's);
+/// recovery does: a flipped bit must not renumber or re-link a session, and
+/// a unit that was allocated (stamp made odd) but whose header was not yet
+/// written when the process died still holds an earlier owner's header,
+/// which the new stamp does not verify.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
 pub(crate) struct SegmentHeader {
@@ -76,8 +84,9 @@ pub(crate) struct SegmentHeader {
     pub(crate) info: u64,
     /// Engine-clock milliseconds when the segment was opened.
     pub(crate) opened_ms: u64,
-    /// Reserved (0).
-    pub(crate) reserved: u64,
+    /// [`SegmentHeader::check_for`] the stamp of the allocation that wrote
+    /// it, in the low 32 bits.
+    pub(crate) check: u64,
 }
 
 const _: () = assert!(std::mem::size_of::<SegmentHeader>() == HEADER_WORDS * WORD_BYTES);
@@ -93,6 +102,27 @@ impl SegmentHeader {
 
     pub(crate) fn class(&self) -> u8 {
         self.info as u8
+    }
+
+    /// The check of this header for the allocation with `stamp`: CRC-32 of
+    /// words 1..=6 (not the free-list link, not the check) and the stamp.
+    pub(crate) fn check_for(&self, stamp: u32) -> u64 {
+        let words = self.to_words();
+        let mut h = crc32fast::Hasher::new();
+        h.update(bytemuck::cast_slice(&words[1..HEADER_WORDS - 1]));
+        h.update(&stamp.to_le_bytes());
+        u64::from(h.finalize())
+    }
+
+    /// This header with its check set for `stamp`.
+    pub(crate) fn checked(mut self, stamp: u32) -> SegmentHeader {
+        self.check = self.check_for(stamp);
+        self
+    }
+
+    /// Whether the header was written whole, for the allocation `stamp`.
+    pub(crate) fn verifies(&self, stamp: u32) -> bool {
+        self.check == self.check_for(stamp)
     }
 }
 

@@ -21,8 +21,9 @@
 //! its owner tag and epoch. They link up where a segment's state says
 //! *sealed → next* and `next`'s header names it as `prev`; a segment that
 //! merely claims a predecessor (a spare prepared by an appender that lost
-//! the race to seal) is not on the chain. Of the chains found, the one that
-//! reaches the highest sequence number is the window.
+//! the race to seal) is not on the chain. Of the chains found whose last
+//! segment is open (or closed while open), the one that reaches the highest
+//! sequence number is the window.
 //!
 //! Then, walking the chain from its oldest segment:
 //!
@@ -44,6 +45,15 @@
 //!
 //! A session whose segments overlap another's, or whose head is sealed with
 //! no successor, cannot be proven and is not restored.
+//!
+//! # What proves a segment
+//!
+//! Its stamp is odd (owned) and its header's check verifies for that
+//! stamp (see [`SegmentHeader`]): a header damaged since, or one the
+//! process died before writing (the unit's stamp is new, its words still
+//! an earlier owner's), is no candidate. A session all of whose segments
+//! fail so, while at least one names it, is not restored either: an empty
+//! window would hand out again the numbers its events had.
 //!
 //! Cost: one pass over the stamps (two words per unit, outside the data),
 //! the headers of owned segments, and the frames of the restored chains:
@@ -74,6 +84,10 @@ pub(crate) struct Recovery {
     pub(crate) damaged_frames: u64,
     /// Owned segments not kept (unreachable, or behind damage).
     pub(crate) dropped_segments: u64,
+    /// Owned segments among them whose header did not verify: the process
+    /// died between allocating one and writing its header (harmless), or
+    /// the header was damaged since.
+    pub(crate) unverified_headers: u64,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -134,16 +148,25 @@ pub(crate) fn recover(pool: &Pool, owners: &[Owner]) -> Recovery {
         .collect();
     let mut by_owner: Vec<Vec<Candidate>> = vec![Vec::new(); owners.len()];
     let mut owned = 0u64;
+    let mut out = Recovery::default();
+    let mut unverified_claims = std::collections::HashSet::new();
     for unit in 0..units {
         let stamp = pool.stamp_now(unit, Ordering::Relaxed);
         if stamp & 1 == 0 {
             continue;
         }
         let header = header_at(pool, unit);
-        if !pool.valid(unit, header.class()) {
+        owned += 1;
+        if !header.verifies(stamp) || !pool.valid(unit, header.class()) {
+            // Written partly or not at all when the process died (or
+            // damaged since): nothing in it can be trusted, except as a
+            // hint that its session may have had events.
+            out.unverified_headers += 1;
+            if let Some(&i) = index.get(&(header.owner_tag, header.owner_epoch)) {
+                unverified_claims.insert(i);
+            }
             continue;
         }
-        owned += 1;
         if let Some(&i) = index.get(&(header.owner_tag, header.owner_epoch)) {
             by_owner[i].push(Candidate {
                 seg: SegRef { unit, stamp },
@@ -153,11 +176,12 @@ pub(crate) fn recover(pool: &Pool, owners: &[Owner]) -> Recovery {
         }
     }
     let mut used = vec![false; units as usize];
-    let mut out = Recovery::default();
     let mut kept = 0u64;
     for (i, candidates) in by_owner.iter().enumerate() {
         let window = if candidates.is_empty() {
-            Some(Window::new())
+            // A session whose every segment failed its check had events:
+            // an empty window would hand their numbers out again.
+            (!unverified_claims.contains(&i)).then(Window::new)
         } else {
             restore(pool, owners[i], candidates, &mut used, &mut out, &mut kept)
         };
@@ -213,10 +237,14 @@ fn restore(
             chain.push(next);
         }
         let head = &candidates[*chain.last().expect("non-empty")];
-        let reach = (
-            head.header.first_seq + u64::from(claimed(pool, head).unwrap_or(0)),
-            chain.len(),
-        );
+        // A chain that ends sealed (its successor unproven) or in a state
+        // of another allocation cannot be restored: it must not win over
+        // one that can because it claims to reach further (a unit whose
+        // state the process had not yet written).
+        let Some(count) = claimed(pool, head) else {
+            continue;
+        };
+        let reach = (head.header.first_seq + u64::from(count), chain.len());
         if best.as_ref().is_none_or(|(r, _)| reach > *r) {
             best = Some((reach, chain));
         }
@@ -273,11 +301,10 @@ fn restore(
     }
     let kept = &chain[start..];
     *kept_segments += kept.len() as u64;
-    if start > 0 {
-        // The new oldest segment names no predecessor: what it named is
-        // freed below and will be reused.
-        pool.segment(kept[0].seg.unit, 0)[4].store(0, Ordering::Relaxed);
-    }
+    // The new oldest segment may name a dropped one as its predecessor: it
+    // is left so (no write that a crash could tear). The dropped one is
+    // freed below, and the `(unit, stamp)` it names is never allocated
+    // again, so that link leads nowhere, as after a release by retention.
     let mut held = 0u32;
     for (i, c) in kept.iter().enumerate() {
         let span = c.seg.unit as usize..c.seg.unit as usize + (1usize << c.class);
@@ -480,11 +507,19 @@ fn reset(pool: &Pool, c: &Candidate, owner: Owner, first_seq: u64) {
         prev: 0,
         ..c.header
     };
-    for (w, v) in segment[..HEADER_WORDS].iter().zip(header.to_words()) {
-        w.store(v, Ordering::Relaxed);
-    }
+    write_header(pool, c.seg, header);
     pool.state(c.seg.unit).store(
         State::Open { count: 0, used: 0 }.encode(c.seg.stamp),
         Ordering::Relaxed,
     );
+}
+
+/// Rewrites the header of `seg` (its check recomputed; the check word is
+/// written last, so a recovery that dies midway leaves a header that does
+/// not verify rather than a wrong one that does).
+fn write_header(pool: &Pool, seg: SegRef, header: SegmentHeader) {
+    let words = header.checked(seg.stamp).to_words();
+    for (w, v) in pool.segment(seg.unit, 0)[..HEADER_WORDS].iter().zip(words) {
+        w.store(v, Ordering::Relaxed);
+    }
 }
