@@ -89,9 +89,14 @@ fn crash_child_appends_until_killed() {
             .collect()
     } else {
         ids.split(',')
-            .map(|id| {
+            .enumerate()
+            .map(|(i, id)| {
                 let id = SessionId::parse(id).unwrap();
-                engine.session(id).expect("restored session")
+                let s = engine.session(id).expect("restored session");
+                // The parent holds this to what it verified before: the
+                // child's own recovery must not lose anything either.
+                println!("restored {i} {}", s.high_water());
+                s
             })
             .collect()
     };
@@ -250,6 +255,15 @@ fn sigkilled_appenders_lose_only_unacknowledged_events_and_never_expose_a_torn_o
                     assert_eq!(seq, acked[i] + 1, "acks of a session come in order");
                     acked[i] = seq;
                 }
+                ["restored", i, high] => {
+                    let (i, high): (usize, u64) = (i.parse().unwrap(), high.parse().unwrap());
+                    assert!(
+                        high >= verified[i],
+                        "iteration {iteration}: the child restored session {i} at high \
+                         water {high}, below the {} verified before",
+                        verified[i]
+                    );
+                }
                 _ => {}
             }
         }
@@ -404,6 +418,15 @@ fn sigkilled_concurrent_writers_of_one_session_lose_only_unacknowledged_events()
             let words: Vec<&str> = line.split(' ').collect();
             match words[..] {
                 ["open", _, id] => opened.push(SessionId::parse(id).unwrap()),
+                ["restored", i, high] => {
+                    let (i, high): (usize, u64) = (i.parse().unwrap(), high.parse().unwrap());
+                    let verified = known[i].acked.last().copied().unwrap_or(0);
+                    assert!(
+                        high >= verified,
+                        "run {run}: the child restored session {i} at high water {high}, \
+                         below the {verified} known before"
+                    );
+                }
                 ["ack", i, seq, w, n] => {
                     let i: usize = i.parse().unwrap();
                     let seq: u64 = seq.parse().unwrap();
