@@ -16,6 +16,8 @@
 #   COMPARE_DURATION=10s   load time of each case (humantime)
 #   COMPARE_SMOKE=1        a quick run: 2s cases, the 2,000-session storm kept
 #   COMPARE_PEERS="rewind rmcp-builtin rmcp-shared-store bare-hyper ts python"
+#                          (also `rewind-peer`: `rewind serve` with the reference
+#                          tool sending through rmcp's `ctx.peer`, not its sink)
 #   COMPARE_CASES="throughput-1 ..."   only these cases (names as in CASES below)
 #   COMPARE_OUT=DIR        where results go [default: target/compare/<time>]
 #   COMPARE_EXTRA_CASE="name|profile|sessions|flags"  one more case (see idle-sessions.sh)
@@ -100,7 +102,7 @@ start_server() { # PEER -> sets SERVER_PID, URL
     URL="http://127.0.0.1:$port/mcp"
     # Each branch execs, so $! is the server's own pid (for --server-pid).
     case $peer in
-    rewind)
+    rewind | rewind-peer)
         local admin
         admin=$(free_port)
         # shellcheck disable=SC2086 # several flags
@@ -135,10 +137,12 @@ for peer in "${PEERS[@]}"; do
                 continue 2
             fi
         fi
+        peer_flags=()
+        [ "$peer" != rewind-peer ] || peer_flags=(--tool-args '{"via":"peer"}')
         # shellcheck disable=SC2086 # $extra holds several flags
         timeout 600 "$BIN" load --url "$URL" --profile "$profile" --sessions "$sessions" \
             --duration "$DURATION" --server-pid "$SERVER_PID" --quiet --show-violations 3 \
-            --json "$OUT/$peer-$name.json" $extra >"$OUT/$peer-$name.txt" 2>&1
+            --json "$OUT/$peer-$name.json" "${peer_flags[@]}" $extra >"$OUT/$peer-$name.txt" 2>&1
         rc=$?
         summary=$(grep -E '^  (events|verification|storm round 1) ' "$OUT/$peer-$name.txt" | sed 's/^ */    /')
         printf '  %-16s exit %s\n%s\n' "$name" "$rc" "$summary" >&2

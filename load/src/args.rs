@@ -108,6 +108,11 @@ pub struct LoadArgs {
     /// Pause between two notifications of a call [default: 0ms; 1ms for soak]
     #[arg(long, value_parser = humantime::parse_duration, value_name = "DURATION")]
     pub interval: Option<Duration>,
+    /// Extra arguments of every `progress_stream` call, a JSON object
+    /// merged into `count`/`interval_ms`/`label` (which it may not set),
+    /// e.g. `{"via":"peer"}` for Rewind's reference server
+    #[arg(long, value_name = "JSON")]
+    pub tool_args: Option<String>,
     /// Fraction of calls cut mid-stream and resumed (resume, adversarial, soak, mixed)
     #[arg(long, default_value_t = 0.5, value_name = "0..1")]
     pub resume_fraction: f64,
@@ -163,6 +168,7 @@ impl LoadArgs {
             profile,
             count: None,
             interval: None,
+            tool_args: None,
             resume_fraction: 0.5,
             resume_delay: vec![Duration::ZERO, Duration::from_millis(50)],
             storm_cut_after: 1,
@@ -191,8 +197,30 @@ impl LoadArgs {
             .unwrap_or_else(|| self.profile.default_interval())
     }
 
+    /// The extra tool arguments of `--tool-args` (empty without it).
+    pub fn tool_args(&self) -> Result<serde_json::Map<String, serde_json::Value>, String> {
+        let Some(text) = &self.tool_args else {
+            return Ok(serde_json::Map::new());
+        };
+        let value: serde_json::Value =
+            serde_json::from_str(text).map_err(|e| format!("--tool-args is not JSON: {e}"))?;
+        let serde_json::Value::Object(map) = value else {
+            return Err("--tool-args must be a JSON object, e.g. '{\"via\":\"peer\"}'".into());
+        };
+        if let Some(k) = ["count", "interval_ms", "label"]
+            .into_iter()
+            .find(|k| map.contains_key(*k))
+        {
+            return Err(format!(
+                "--tool-args may not set `{k}` (use --count, --interval; the label is the call's tag)"
+            ));
+        }
+        Ok(map)
+    }
+
     /// Checks the values clap cannot, naming the flag.
     pub fn validate(&self) -> Result<(), String> {
+        self.tool_args()?;
         if self.sessions == 0 {
             return Err("--sessions must be at least 1".into());
         }
@@ -220,5 +248,56 @@ impl LoadArgs {
             ));
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn with_tool_args(text: &str) -> LoadArgs {
+        let mut a = LoadArgs::new(vec!["http://127.0.0.1:1/mcp".into()], Profile::Throughput);
+        a.tool_args = Some(text.into());
+        a
+    }
+
+    #[test]
+    fn tool_args_must_be_an_object_that_leaves_the_three_fixed_arguments_alone() {
+        let ok = with_tool_args(r#"{"via":"peer"}"#).tool_args().unwrap();
+        assert_eq!(ok["via"], "peer");
+        let e = with_tool_args("[1]").validate().unwrap_err();
+        assert!(e.contains("JSON object"), "{e}");
+        let e = with_tool_args("{nope").validate().unwrap_err();
+        assert!(e.contains("not JSON"), "{e}");
+        let e = with_tool_args(r#"{"count":3}"#).validate().unwrap_err();
+        assert!(e.contains("`count`"), "{e}");
+        assert!(LoadArgs::new(vec![], Profile::Throughput)
+            .tool_args()
+            .unwrap()
+            .is_empty());
+    }
+
+    #[test]
+    fn a_call_carries_the_extra_arguments_beside_its_own() {
+        let extra = with_tool_args(r#"{"via":"peer","x":[1]}"#)
+            .tool_args()
+            .unwrap();
+        let body = crate::mcp::call_progress_stream(
+            7,
+            crate::mcp::Tag {
+                run: 1,
+                session: 2,
+                call: 3,
+            },
+            5,
+            0,
+            &extra,
+        );
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+        let args = &v["params"]["arguments"];
+        assert_eq!(args["via"], "peer");
+        assert_eq!(args["x"][0], 1);
+        assert_eq!(args["count"], 5);
+        assert_eq!(args["label"], v["params"]["_meta"]["progressToken"]);
     }
 }

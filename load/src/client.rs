@@ -47,6 +47,8 @@ pub struct RunContext {
     pub board: CursorBoard,
     /// How long a probe reads a 200 answer.
     pub probe_window: Duration,
+    /// Extra arguments of every `progress_stream` call (`--tool-args`).
+    pub tool_args: serde_json::Map<String, serde_json::Value>,
     expect: Expect,
     /// Whether the server follows Rewind's decision table (decided by
     /// `--expect`, or by the first `serverInfo` seen).
@@ -72,6 +74,7 @@ impl RunContext {
             record: Record::new(delays),
             board: CursorBoard::new(sessions as usize),
             probe_window,
+            tool_args: serde_json::Map::new(),
             expect,
             strict: AtomicBool::new(expect == Expect::Table),
             server: Mutex::new(None),
@@ -532,7 +535,8 @@ impl Client {
         let id = self.take_id();
         let tag = self.take_tag();
         let mut check = CallCheck::new(tag, id, plan.count);
-        let body = mcp::call_progress_stream(id, tag, plan.count, plan.interval_ms);
+        let body =
+            mcp::call_progress_stream(id, tag, plan.count, plan.interval_ms, &self.run.tool_args);
         let started = Instant::now();
         let end = self.run_call(plan, &mut check, body).await;
         let counters = &self.run.counters();

@@ -73,7 +73,7 @@ pub async fn run(args: &LoadArgs) -> Result<Report, LoadError> {
     let urls: Vec<String> = nodes.iter().map(|n| n.url.clone()).collect();
     let seed = args.seed.unwrap_or_else(|| fastrand::u64(..));
     let settings = Settings::from_args(args, seed);
-    let ctx = Arc::new(RunContext::new(
+    let mut ctx = RunContext::new(
         Nodes::new(nodes),
         Timeouts {
             connect: args.connect_timeout,
@@ -85,7 +85,9 @@ pub async fn run(args: &LoadArgs) -> Result<Report, LoadError> {
         settings.sessions,
         args.probe_window,
         args.expect,
-    ));
+    );
+    ctx.tool_args = args.tool_args().map_err(LoadError)?;
+    let ctx = Arc::new(ctx);
     let bar = progress_bar(args, Arc::clone(&ctx));
     let gen_before = procstat::sample(None);
     let outcome = profiles::run(Arc::clone(&ctx), settings.clone()).await;

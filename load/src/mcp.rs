@@ -83,16 +83,27 @@ pub fn initialized() -> String {
     r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#.to_owned()
 }
 
-/// A `tools/call` of `progress_stream` tagged with `tag`.
-pub fn call_progress_stream(id: u64, tag: Tag, count: u32, interval_ms: u64) -> String {
+/// A `tools/call` of `progress_stream` tagged with `tag`, with `extra`
+/// arguments besides the three it always has.
+pub fn call_progress_stream(
+    id: u64,
+    tag: Tag,
+    count: u32,
+    interval_ms: u64,
+    extra: &serde_json::Map<String, serde_json::Value>,
+) -> String {
     let tag = tag.to_string();
+    let mut arguments = extra.clone();
+    arguments.insert("count".into(), count.into());
+    arguments.insert("interval_ms".into(), interval_ms.into());
+    arguments.insert("label".into(), tag.clone().into());
     serde_json::json!({
         "jsonrpc": "2.0",
         "id": id,
         "method": "tools/call",
         "params": {
             "name": TOOL,
-            "arguments": { "count": count, "interval_ms": interval_ms, "label": tag },
+            "arguments": arguments,
             "_meta": { "progressToken": tag },
         },
     })

@@ -144,7 +144,12 @@ async fn cursor_before_the_retained_window_gets_gap_first() {
     let a_sid = server.initialize().await;
     let a_marker = marker("a");
     // 40 notifications through a 16-slot ring: the first ones are gone.
-    let mut call = server.progress_stream(&a_sid, 1, 40, 0, &a_marker).await;
+    // Sent through rmcp's peer, which paces them to the live reader: the
+    // sink would store all 40 before that reader ran, and the call's own
+    // response would start with a gap instead of the ids used below.
+    let mut call = server
+        .progress_stream_via(&a_sid, 1, 40, 0, &a_marker, "peer")
+        .await;
     let events = call.read_to_end().await;
     assert!(events.last().unwrap().is_response_to(1));
     let a = Tenant {

@@ -15,6 +15,56 @@ fn data_events(events: Vec<Event>) -> Vec<Event> {
         .collect()
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn progress_sent_through_the_sink_or_through_rmcp_arrives_the_same_way() {
+    // The reference tool stores its notifications through `SseStream`'s
+    // sink by default, or through rmcp's `ctx.peer`: either way every
+    // notification arrives once, in order, before the result; and a cut
+    // mid-stream resumes with the rest.
+    let server = start_default().await;
+    let sid = server.initialize().await;
+    for (id, via) in [(1, "sink"), (2, "peer")] {
+        let events = server
+            .progress_stream_via(&sid, id, 300, 0, via, via)
+            .await
+            .read_to_end()
+            .await;
+        let events = data_events(events);
+        let progress: Vec<f64> = events.iter().filter_map(Event::progress).collect();
+        assert_eq!(
+            progress,
+            (1..=300).map(f64::from).collect::<Vec<_>>(),
+            "via {via}"
+        );
+        assert_eq!(
+            events.len(),
+            301,
+            "via {via}: 300 notifications and the result"
+        );
+        let last = events.last().unwrap();
+        assert!(last.is_response_to(id), "via {via}: {last:?}");
+        assert!(
+            last.json()["result"]["content"][0]["text"]
+                .as_str()
+                .unwrap()
+                .ends_with("progress_stream done: 300 notifications"),
+            "via {via}: {last:?}"
+        );
+    }
+    let mut call = server
+        .progress_stream_via(&sid, 3, 2000, 0, "cut", "sink")
+        .await;
+    let seen = call.until(|e| e.progress() == Some(5.0)).await;
+    let last_id = seen.last().unwrap().id.clone().unwrap();
+    drop(call);
+    let resp = server.send(server.get(Some(&sid), Some(&last_id))).await;
+    assert_eq!(resp.status(), 200);
+    let rest = data_events(SseBody::new(resp).read_to_end().await);
+    let progress: Vec<f64> = rest.iter().filter_map(Event::progress).collect();
+    assert_eq!(progress, (6..=2000).map(f64::from).collect::<Vec<_>>());
+    assert!(rest.last().unwrap().is_response_to(3));
+}
+
 #[tokio::test]
 async fn cut_mid_stream_then_resume_delivers_the_rest_exactly_once() {
     let server = start_default().await;

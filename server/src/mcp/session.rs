@@ -95,6 +95,52 @@ impl SseStream {
     pub fn close(&self) {
         self.session.kick(self.stream);
     }
+
+    /// Stores `notification` in the session now, on the stream rmcp's own
+    /// outgoing path would store it on (a progress notification on its
+    /// request's stream, one tagged [`RelatedRequest`] on that request's),
+    /// and returns: the fast path for a handler that streams many
+    /// notifications.
+    ///
+    /// `ctx.peer.send_notification(..).await` hands the message to rmcp's
+    /// service loop and waits until that loop has passed it to the
+    /// transport: two task wake-ups per message, which bound one request's
+    /// stream to a few thousand notifications a second however idle the
+    /// server is. This call serializes and appends in the caller's task;
+    /// readers are woken as for any other append, and the request's
+    /// response (sent by rmcp when the handler returns) comes after every
+    /// notification stored this way.
+    ///
+    /// Ordering: messages stored through this call are in the order of the
+    /// calls, and before the response. A message sent through `ctx.peer`
+    /// is stored when rmcp's loop gets to it, which may be after a later
+    /// call here: within one request, use one path or the other for
+    /// messages whose relative order matters.
+    ///
+    /// ```no_run
+    /// # use rmcp::model::*;
+    /// # use rewind_server::mcp::SseStream;
+    /// # fn f(ctx: rmcp::service::RequestContext<rmcp::RoleServer>) {
+    /// let sink = ctx.extensions.get::<SseStream>().expect("served by rewind");
+    /// if let Some(token) = ctx.meta.get_progress_token() {
+    ///     for i in 1..=100u32 {
+    ///         sink.notify_progress(ProgressNotificationParam::new(token.clone(), f64::from(i)));
+    ///     }
+    /// }
+    /// # }
+    /// ```
+    pub fn send_notification(&self, notification: ServerNotification) {
+        self.session
+            .deliver(&ServerJsonRpcMessage::notification(notification));
+    }
+
+    /// [`send_notification`](Self::send_notification) of one
+    /// `notifications/progress`.
+    pub fn notify_progress(&self, params: rmcp::model::ProgressNotificationParam) {
+        self.send_notification(ServerNotification::ProgressNotification(
+            rmcp::model::ProgressNotification::new(params),
+        ));
+    }
 }
 
 /// A request awaiting its response.

@@ -41,7 +41,7 @@ use rmcp::service::RequestContext;
 use rmcp::{prompt_handler, tool_handler, ErrorData as McpError, RoleServer, ServerHandler};
 
 pub use tools::{
-    LargeResultArgs, ProgressStreamArgs, MAX_LARGE_RESULT_BYTES, MAX_PROGRESS_COUNT,
+    LargeResultArgs, ProgressStreamArgs, Via, MAX_LARGE_RESULT_BYTES, MAX_PROGRESS_COUNT,
     MAX_PROGRESS_INTERVAL_MS,
 };
 

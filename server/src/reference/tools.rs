@@ -42,7 +42,29 @@ pub struct ProgressStreamArgs {
     /// Optional text echoed in every progress message and in the result.
     #[serde(default)]
     pub label: Option<String>,
+    /// How the notifications are sent: `"sink"` (the default) stores each
+    /// one directly through [`SseStream::notify_progress`]; `"peer"` sends
+    /// each through rmcp's `ctx.peer` and waits for it, as a handler that
+    /// does not know it is served by Rewind would.
+    #[serde(default)]
+    pub via: Via,
 }
+
+/// See [`ProgressStreamArgs::via`].
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize, rmcp::schemars::JsonSchema)]
+#[schemars(crate = "rmcp::schemars")]
+#[serde(rename_all = "lowercase")]
+pub enum Via {
+    /// [`SseStream::notify_progress`].
+    #[default]
+    Sink,
+    /// `ctx.peer.send_notification(..).await`.
+    Peer,
+}
+
+/// Notifications stored through the sink between two yields: a long
+/// stream with no pause must not hold its worker thread for all of it.
+const SINK_BURST: u32 = 64;
 
 fn severity(level: LoggingLevel) -> u8 {
     match level {
@@ -173,6 +195,11 @@ impl ReferenceServer {
             ))]);
         }
         let label = args.label.unwrap_or_default();
+        let sink = match args.via {
+            Via::Sink => ctx.extensions.get::<SseStream>().cloned(),
+            Via::Peer => None,
+        };
+        let token = ctx.meta.get_progress_token();
         for i in 1..=args.count {
             if i > 1 && args.interval_ms > 0 {
                 tokio::select! {
@@ -181,13 +208,29 @@ impl ReferenceServer {
                 }
             }
             let message = format!("{label} step {i}/{}", args.count);
-            Self::progress(
-                &ctx,
-                f64::from(i),
-                Some(f64::from(args.count)),
-                Some(message),
-            )
-            .await;
+            match (&sink, &token) {
+                (Some(sink), Some(token)) => {
+                    let mut param = ProgressNotificationParam::new(token.clone(), f64::from(i));
+                    param.total = Some(f64::from(args.count));
+                    param.message = Some(message);
+                    sink.notify_progress(param);
+                    if args.interval_ms == 0 && i % SINK_BURST == 0 {
+                        if ctx.ct.is_cancelled() {
+                            return text("cancelled");
+                        }
+                        tokio::task::yield_now().await;
+                    }
+                }
+                _ => {
+                    Self::progress(
+                        &ctx,
+                        f64::from(i),
+                        Some(f64::from(args.count)),
+                        Some(message),
+                    )
+                    .await
+                }
+            }
         }
         text(format!(
             "{label} progress_stream done: {} notifications",

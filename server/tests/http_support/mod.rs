@@ -249,11 +249,26 @@ impl TestServer {
         interval_ms: u64,
         label: &str,
     ) -> SseBody {
+        self.progress_stream_via(sid, id, count, interval_ms, label, "sink")
+            .await
+    }
+
+    /// [`progress_stream`](Self::progress_stream) sending its notifications
+    /// `via` the tool's `"sink"` (the default) or rmcp's `"peer"`.
+    pub(crate) async fn progress_stream_via(
+        &self,
+        sid: &str,
+        id: i64,
+        count: u32,
+        interval_ms: u64,
+        label: &str,
+        via: &str,
+    ) -> SseBody {
         let body = json!({
             "jsonrpc": "2.0", "id": id, "method": "tools/call",
             "params": {
                 "name": "progress_stream",
-                "arguments": {"count": count, "interval_ms": interval_ms, "label": label},
+                "arguments": {"count": count, "interval_ms": interval_ms, "label": label, "via": via},
                 "_meta": {"progressToken": format!("tok-{id}")}
             }
         });
