@@ -117,6 +117,12 @@ impl SseStream {
     /// call here: within one request, use one path or the other for
     /// messages whose relative order matters.
     ///
+    /// Pacing: nothing here waits for readers. A handler that stores more
+    /// than the session retains before its client reads them makes the
+    /// live response report a `gap`, as any producer faster than its reader
+    /// would; a long burst should also yield now and then
+    /// (`tokio::task::yield_now`) so its worker thread serves others.
+    ///
     /// ```no_run
     /// # use rmcp::model::*;
     /// # use rewind_server::mcp::SseStream;
