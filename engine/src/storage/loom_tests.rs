@@ -147,6 +147,62 @@ fn loom_a_reader_racing_release_and_reuse_never_sees_the_new_owner() {
     });
 }
 
+/// An appender that finds the head full reads its first sequence number to
+/// number the successor it prepares. Between loading the head's state and
+/// that read, another appender may seal the head, retention release it and
+/// another session reuse the unit: the word is then that session's. The
+/// appender re-validates the head's stamp after the read (the pool fences
+/// every stamp bump with Release), so no segment it prepares — even a spare
+/// it frees without linking — carries another session's numbers. (Without
+/// the stamp check the model fails: A prepares a segment numbered from
+/// B's 1002.)
+#[test]
+fn loom_an_appender_never_numbers_a_segment_from_a_reused_head() {
+    loom::model(|| {
+        // One frame per segment; five units, so every appender finds a
+        // spare. A holds event 1; B's window numbers from 1000 (a restored
+        // one), so a borrowed number is easy to see.
+        let p = Arc::new(pool(5, 0));
+        let wa = Arc::new(Window::new());
+        wa.append(&p, A, &keep(1), 0, 1, &body(0, 1), 0).unwrap();
+        let b0 = p.alloc(0).unwrap();
+        window::init_segment(&p, b0, 0, B, 1000, window::NO_SEG, 0);
+        let wb = Arc::new(Window::restored(b0, b0, 1));
+        assert_eq!(wb.append(&p, B, &keep(1), 9, 1, &body(9, 0), 0), Ok(1000));
+
+        let ok = |r: Result<u64, AppendFailure>, seqs: std::ops::RangeInclusive<u64>| {
+            assert!(
+                matches!(r, Err(AppendFailure::PoolFull { .. }))
+                    || r.is_ok_and(|s| seqs.contains(&s)),
+                "{r:?}"
+            );
+        };
+        let racer = {
+            let (p, wa) = (p.clone(), wa.clone());
+            thread::spawn(move || {
+                ok(wa.append(&p, A, &keep(1), 0, 2, &body(0, 2), 0), 2..=4);
+                window::PREPARED.with(|prepared| {
+                    for &(owner, first) in prepared.borrow().iter() {
+                        assert_eq!(owner, A);
+                        assert!(first <= 4, "A prepared a segment numbered from {first}");
+                    }
+                });
+            })
+        };
+        // A moves on twice; retention (1 event) releases its first segment
+        // at the second install. B, full too, takes that unit and numbers
+        // it from 1001 — while the racer may still be looking at it as A's
+        // full head.
+        ok(wa.append(&p, A, &keep(1), 1, 2, &body(1, 2), 0), 2..=4);
+        ok(wa.append(&p, A, &keep(1), 1, 3, &body(1, 3), 0), 2..=4);
+        ok(
+            wb.append(&p, B, &keep(1), 9, 2, &body(9, 1), 0),
+            1001..=1001,
+        );
+        racer.join().unwrap();
+    });
+}
+
 /// The wake-up protocol of the engine's readers: a reader announces itself
 /// (`fetch_add`), fences (SeqCst) and re-checks for data; a writer
 /// publishes, fences (SeqCst) and wakes only if it sees a waiter. By the

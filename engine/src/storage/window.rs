@@ -189,8 +189,8 @@ impl Window {
     }
 
     /// A window over a recovered chain from `oldest` to `head` holding
-    /// `held_units` (durable pools; `recover` proved the chain).
-    #[cfg(not(loom))]
+    /// `held_units` (durable pools; `recover` proved the chain; and the
+    /// loom models, for a window numbered from far away).
     pub(crate) fn restored(oldest: SegRef, head: SegRef, held_units: u32) -> Window {
         Window {
             head: AtomicU64::new(head.pack()),
@@ -958,7 +958,7 @@ pub(super) enum Locate {
 /// Word indices of header fields read on their own.
 const FIRST_SEQ: usize = 3;
 const INFO: usize = 5;
-const NO_SEG: SegRef = SegRef { unit: 0, stamp: 0 };
+pub(super) const NO_SEG: SegRef = SegRef { unit: 0, stamp: 0 };
 
 fn is_owner(h: &SegmentHeader, owner: Owner) -> bool {
     h.owner_epoch == owner.epoch && h.owner_tag == owner.tag
@@ -982,7 +982,16 @@ fn read_header(pool: &Pool, seg: SegRef) -> Option<SegmentHeader> {
 }
 
 /// Writes the header and an empty open state into a fresh allocation.
-fn init_segment(
+#[cfg(loom)]
+loom::thread_local! {
+    /// Under loom only: the owner and first sequence number of every
+    /// segment this thread prepared, so a model can check that none was
+    /// given another session's numbers (spares are freed unseen).
+    pub(super) static PREPARED: std::cell::RefCell<Vec<(Owner, u64)>> =
+        std::cell::RefCell::new(Vec::new());
+}
+
+pub(super) fn init_segment(
     pool: &Pool,
     seg: SegRef,
     class: u8,
@@ -1002,6 +1011,8 @@ fn init_segment(
         check: 0,
     }
     .checked(seg.stamp);
+    #[cfg(loom)]
+    PREPARED.with(|p| p.borrow_mut().push((owner, first_seq)));
     // Relaxed: published by the CAS that links the segment (Release).
     for (w, v) in pool.segment(seg.unit, class)[..HEADER_WORDS]
         .iter()
