@@ -357,28 +357,11 @@ fn mcp_router(
     shutdown: CancellationToken,
 ) -> Result<axum::Router, BoxError> {
     let mut options = McpOptions::default();
-    options.hosts = match &http.allowed_hosts {
-        Some(list) if list.iter().any(|h| h == "*") => {
-            tracing::warn!(
-                "DNS-REBINDING PROTECTION IS OFF: allowed_hosts is \"*\", so any Host header is \
-                 accepted; do this only behind a proxy that checks Host itself, or with \
-                 authentication in front of the endpoint"
-            );
-            HostPolicy::Any
-        }
-        Some(list) => HostPolicy::Allow(list.clone()),
-        None => {
-            if !listen.ip().is_loopback() {
-                tracing::warn!(
-                    %listen,
-                    "LISTENING BEYOND LOOPBACK WITH LOOPBACK-ONLY HOSTS: requests whose Host is \
-                     not localhost/127.0.0.1/[::1] get 403 (DNS-rebinding protection stays on); \
-                     name the hosts clients use with --allowed-hosts (or REWIND_ALLOWED_HOSTS)"
-                );
-            }
-            HostPolicy::for_listen_addr(listen)
-        }
-    };
+    let (hosts, warning) = HostPolicy::for_listener(listen, http.allowed_hosts.as_deref());
+    if let Some(warning) = warning {
+        tracing::warn!(%listen, "{warning}");
+    }
+    options.hosts = hosts;
     if let Some(origins) = &http.allowed_origins {
         options.origins = OriginPolicy::allow(origins)?;
     }

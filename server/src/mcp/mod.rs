@@ -124,7 +124,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::metrics::ServerMetrics;
 
-pub use options::{HostPolicy, McpOptions, OriginPolicy, PrincipalExtractor};
+pub use options::{HostPolicy, HostWarning, McpOptions, OriginPolicy, PrincipalExtractor};
 pub use session::{RelatedRequest, SseStream};
 
 /// Internals exposed for the benchmarks only; not part of the API.

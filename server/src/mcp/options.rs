@@ -14,6 +14,35 @@ use tokio_util::sync::CancellationToken;
 /// by one principal is answered 404/409 to every other.
 pub type PrincipalExtractor = Arc<dyn Fn(&http::request::Parts) -> Option<String> + Send + Sync>;
 
+/// What an operator must hear about a listener's host policy (see
+/// [`HostPolicy::for_listener`]); its `Display` is the warning's text.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum HostWarning {
+    /// Listening beyond loopback with no host list: only loopback names
+    /// pass, so remote clients get 403 until their host is named.
+    LoopbackNamesOnly,
+    /// `"*"` in the host list: any `Host` header is accepted.
+    ProtectionOff,
+}
+
+impl fmt::Display for HostWarning {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            HostWarning::LoopbackNamesOnly => {
+                "LISTENING BEYOND LOOPBACK WITH LOOPBACK-ONLY HOSTS: requests whose Host is \
+                 not localhost/127.0.0.1/[::1] get 403 (DNS-rebinding protection stays on); \
+                 name the hosts clients use with --allowed-hosts (or REWIND_ALLOWED_HOSTS)"
+            }
+            HostWarning::ProtectionOff => {
+                "DNS-REBINDING PROTECTION IS OFF: allowed_hosts is \"*\", so any Host header is \
+                 accepted; do this only behind a proxy that checks Host itself, or with \
+                 authentication in front of the endpoint"
+            }
+        })
+    }
+}
+
 /// Which `Host` and `Origin` headers are accepted (DNS-rebinding protection).
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
@@ -39,6 +68,27 @@ impl HostPolicy {
     pub fn for_listen_addr(addr: SocketAddr) -> HostPolicy {
         let _ = addr;
         HostPolicy::Loopback
+    }
+
+    /// The policy for a server listening on `listen` with the operator's
+    /// `allowed` host list (`None`: not configured; `"*"` in it: check
+    /// nothing), and what the operator must be told about it: listening
+    /// beyond loopback with loopback-only names, or no DNS-rebinding
+    /// protection at all. `rewind serve` logs the warning at start.
+    pub fn for_listener(
+        listen: SocketAddr,
+        allowed: Option<&[String]>,
+    ) -> (HostPolicy, Option<HostWarning>) {
+        match allowed {
+            Some(list) if list.iter().any(|h| h == "*") => {
+                (HostPolicy::Any, Some(HostWarning::ProtectionOff))
+            }
+            Some(list) => (HostPolicy::Allow(list.to_vec()), None),
+            None => (
+                HostPolicy::for_listen_addr(listen),
+                (!listen.ip().is_loopback()).then_some(HostWarning::LoopbackNamesOnly),
+            ),
+        }
     }
 
     /// Whether `host` (a `Host` header value or the host of an `Origin`,
@@ -264,6 +314,36 @@ mod tests {
         assert!(named.allows("MCP.example.com:443"));
         assert!(!named.allows("evil.example"));
         assert!(!named.allows("user@mcp.example.com"));
+    }
+
+    #[test]
+    fn a_listener_beyond_loopback_is_protected_and_the_operator_is_warned() {
+        let public: SocketAddr = "0.0.0.0:8080".parse().unwrap();
+        let (p, warning) = HostPolicy::for_listener(public, None);
+        assert_eq!(p, HostPolicy::Loopback);
+        assert_eq!(warning, Some(HostWarning::LoopbackNamesOnly));
+        assert!(warning.unwrap().to_string().contains("BEYOND LOOPBACK"));
+        assert!(!p.allows("evil.example") && !p.allows("10.0.0.5:8080"));
+        assert!(p.allows("127.0.0.1:8080"));
+
+        let local: SocketAddr = "127.0.0.1:8080".parse().unwrap();
+        assert_eq!(
+            HostPolicy::for_listener(local, None),
+            (HostPolicy::Loopback, None)
+        );
+        let named = ["mcp.example.com".to_string()];
+        let (p, warning) = HostPolicy::for_listener(public, Some(&named));
+        assert_eq!(
+            (p.clone(), warning),
+            (HostPolicy::Allow(named.to_vec()), None)
+        );
+        assert!(p.allows("mcp.example.com") && !p.allows("evil.example"));
+
+        let any = ["mcp.example.com".to_string(), "*".to_string()];
+        let (p, warning) = HostPolicy::for_listener(local, Some(&any));
+        assert_eq!(p, HostPolicy::Any);
+        assert_eq!(warning, Some(HostWarning::ProtectionOff));
+        assert!(warning.unwrap().to_string().contains("IS OFF"));
     }
 
     #[test]
