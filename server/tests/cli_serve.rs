@@ -37,11 +37,16 @@ fn clean_command() -> Command {
 }
 
 fn start(args: &[&str]) -> Server {
+    start_logging_to(args, Stdio::null())
+}
+
+/// [`start`], with the server's standard error (its logs) going to `stderr`.
+fn start_logging_to(args: &[&str], stderr: impl Into<Stdio>) -> Server {
     let mut child = clean_command()
         .arg("serve")
         .args(args)
         .stdout(Stdio::piped())
-        .stderr(Stdio::null())
+        .stderr(stderr)
         .spawn()
         .unwrap();
     let (tx, rx) = mpsc::channel();
@@ -269,6 +274,114 @@ fn sigterm_stops_the_server_promptly() {
     assert!(status.success(), "{status:?}");
     let rest: Vec<String> = server.stdout.try_iter().collect();
     assert!(rest.iter().any(|l| l == "rewind: stopped"), "{rest:?}");
+}
+
+/// Sends a JSON-RPC `body` on `session` and returns the response head.
+fn post(mcp_url: &str, session: &str, body: &str) -> String {
+    let (_stream, head) = raw_request(mcp_url, |host| {
+        format!(
+            "POST /mcp HTTP/1.1\r\nHost: {host}\r\nAccept: application/json, text/event-stream\r\n\
+             Content-Type: application/json\r\nMcp-Session-Id: {session}\r\n\
+             MCP-Protocol-Version: 2025-06-18\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+    });
+    head
+}
+
+#[test]
+fn json_logs_carry_one_access_line_per_request_and_no_rmcp_chatter() {
+    let log_path = write_temp("json-logs.stderr", b"");
+    let log = std::fs::File::create(&log_path).unwrap();
+    let mut server = start_logging_to(
+        &[
+            "--listen",
+            "127.0.0.1:0",
+            "--admin-listen",
+            "127.0.0.1:0",
+            "--log-format",
+            "json",
+        ],
+        log,
+    );
+    let session = initialize(&server.mcp_url);
+    let head = post(
+        &server.mcp_url,
+        &session,
+        r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
+    );
+    assert!(head.starts_with("HTTP/1.1 202"), "{head}");
+    let head = post(
+        &server.mcp_url,
+        &session,
+        r#"{"jsonrpc":"2.0","id":2,"method":"ping"}"#,
+    );
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    let head = post(
+        &server.mcp_url,
+        "0123456789abcdef0123456789abcdef",
+        r#"{"jsonrpc":"2.0","id":3,"method":"ping"}"#,
+    );
+    assert!(head.starts_with("HTTP/1.1 404"), "{head}");
+    let killed = Command::new("kill")
+        .args(["-TERM", &server.child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while server.child.try_wait().unwrap().is_none() {
+        assert!(
+            Instant::now() < deadline,
+            "still running 20 s after SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+
+    let logs = std::fs::read_to_string(&log_path).unwrap();
+    let lines: Vec<serde_json::Value> = logs
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+        .collect();
+    assert!(!lines.is_empty(), "no log lines");
+    for line in &lines {
+        let target = line["target"].as_str().unwrap_or_default();
+        let level = line["level"].as_str().unwrap_or_default();
+        assert!(
+            !target.starts_with("rmcp") || matches!(level, "WARN" | "ERROR"),
+            "rmcp below warn at the default filter: {line}"
+        );
+    }
+    let access: Vec<&serde_json::Value> = lines
+        .iter()
+        .filter(|l| l["target"] == "rewind::access")
+        .map(|l| &l["fields"])
+        .collect();
+    let statuses: Vec<u64> = access
+        .iter()
+        .map(|f| f["status"].as_u64().unwrap())
+        .collect();
+    assert_eq!(
+        statuses,
+        [200, 202, 200, 404],
+        "one line per request: {access:?}"
+    );
+    let tag = &access[2]["session"];
+    assert!(
+        tag.as_str()
+            .is_some_and(|t| t.len() == 16 && t.bytes().all(|b| b.is_ascii_hexdigit())),
+        "session tag of the ping: {tag}"
+    );
+    assert_eq!(access[3]["session"], "-", "an unknown session has no tag");
+    for fields in &access {
+        assert_eq!(fields["method"], "POST", "{fields}");
+        assert!(
+            fields["ms"].as_f64().is_some_and(|ms| ms >= 0.0),
+            "{fields}"
+        );
+        for key in ["stream", "verdict"] {
+            assert!(fields[key].is_string(), "{key} missing: {fields}");
+        }
+    }
 }
 
 #[test]

@@ -123,7 +123,8 @@ async fn edge(State(mcp): State<RewindMcp>, req: Request, next: Next) -> Respons
         session = session.as_deref().unwrap_or("-"),
         stream = access.stream.map_or_else(|| "-".to_owned(), |s| s.to_string()),
         verdict = access.verdict.unwrap_or("-"),
-        ms = started.elapsed().as_secs_f64() * 1e3,
+        // Milliseconds to the microsecond, so a line reads `ms=0.06`.
+        ms = (started.elapsed().as_secs_f64() * 1e6).round() / 1e3,
         "request"
     );
     resp
