@@ -282,6 +282,23 @@ async fn requests_of_2026_07_28_are_served_without_a_session() {
             .contains("clientCapabilities"),
         "{body}"
     );
+
+    // This revision has no JSON-RPC batches either.
+    let mut one = json!({"jsonrpc": "2.0", "id": 6, "method": "tools/list", "params": {}});
+    one["params"]["_meta"] = stateless_meta();
+    let resp = server
+        .send(stateless_post(&server, json!([one.clone(), one])))
+        .await;
+    assert_eq!(resp.status(), 400);
+    let body: Value = serde_json::from_str(&text_of(resp).await).unwrap();
+    assert_eq!(body["error"]["code"], -32600, "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("batches"),
+        "{body}"
+    );
 }
 
 /// Subscribes the session to the watched resource.
@@ -376,11 +393,9 @@ async fn standalone_messages_wait_for_the_next_get_and_are_delivered_once() {
 
 #[tokio::test]
 async fn a_16_mib_result_is_delivered_and_resumable() {
-    // One event must fit the session's ring until events can span
-    // segments; 32 MiB per session holds a 16 MiB result.
-    let mut config = Config::default();
-    config.session_bytes = 32 << 20;
-    let server = start(config, McpOptions::default()).await;
+    // The defaults `rewind serve` ships: 256 KiB per session, yet a larger
+    // event gets a segment of its own and is kept whole.
+    let server = start(Config::default(), McpOptions::default()).await;
     let sid = server.initialize().await;
     let bytes = 16u64 << 20;
     let resp = server
