@@ -29,7 +29,7 @@
 //! | `rewind_resume_duration_seconds` (histogram) | | time to decide one |
 //! | `rewind_replay_events` (histogram) | | events replayed from before the reconnect, per resumed stream |
 //! | `rewind_policy_fallbacks` | `fault` | policy answers replaced by the safe default |
-//! | `rewind_policy_faults` | `generation`, `policy`, `fault` | the same faults, per recent generation of the WebAssembly host |
+//! | `rewind_policy_faults` | `generation`, `policy`, `fault` | a breakdown of the fallbacks above by recent generation of the WebAssembly host, to see which plugin faults (do not add the two: a generation's series goes when it leaves the host's recent list, so only `rewind_policy_fallbacks` is a total that never goes back) |
 //! | `rewind_policy_live_generation` (gauge) | | the generation deciding now |
 //! | `rewind_policy_swaps`, `rewind_policy_rollbacks` | `trigger` | swaps published; rollbacks on command or by the fault-rate rule |
 //! | `rewind_http_responses` | `method`, `status` | HTTP answers of the MCP endpoint |
