@@ -1,5 +1,5 @@
 // An in-memory EventStore that behaves like the TypeScript SDK's example
-// store (examples/shared/inMemoryEventStore), written for this comparison:
+// store (the SDK example `InMemoryEventStore`), written for this comparison:
 // every event is kept (nothing is ever dropped), its id is
 // `${streamId}_${Date.now()}_${random}`, and a replay sorts every stored
 // event by id and sends those of the cursor's stream that sort after the
