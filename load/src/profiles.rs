@@ -36,6 +36,8 @@ pub struct Settings {
     pub resume_fraction: f64,
     /// Resume delays, used in turn.
     pub delays: Vec<Duration>,
+    /// Pause after each call (throughput, resume).
+    pub think: Duration,
     /// Storm cut point.
     pub storm_cut_after: u32,
     /// Sessions initialising at once.
@@ -57,6 +59,7 @@ impl Settings {
             interval_ms: args.interval().as_millis() as u64,
             resume_fraction: args.resume_fraction,
             delays: args.resume_delay.clone(),
+            think: args.think,
             storm_cut_after: args.storm_cut_after,
             open_concurrency: args.open_concurrency,
             seed,
@@ -192,11 +195,21 @@ async fn open_all(ctx: &Arc<RunContext>, s: &Settings) -> Vec<Client> {
     for i in 0..s.sessions {
         let ctx = Arc::clone(ctx);
         let permits = Arc::clone(&permits);
+        let held_idle = s.profile == Profile::Idle;
         set.spawn(async move {
             let _permit = permits.acquire_owned().await;
             let mut c = Client::new(ctx.clone(), i);
             match c.open().await {
-                Ok(()) => Some(c),
+                Ok(()) => {
+                    // Idle sessions are held without a connection each, so
+                    // their number is not bounded by open files on either
+                    // side and the server's memory is the sessions', not
+                    // 100k sockets' buffers.
+                    if held_idle {
+                        c.drop_connections();
+                    }
+                    Some(c)
+                }
                 Err(e) => {
                     ctx.record.error(
                         "setup",
@@ -274,9 +287,17 @@ async fn call_loop(
     rng: &mut fastrand::Rng,
 ) {
     let mut turn = c.index as usize;
+    let think = s.think;
+    if !think.is_zero() {
+        // Sessions start spread over one pause, not in lockstep.
+        tokio::time::sleep(think.mul_f64(rng.f64())).await;
+    }
     while Instant::now() < deadline {
         let plan = s.maybe_cut(fraction, rng, &mut turn);
         c.call(&plan).await;
+        if !think.is_zero() {
+            tokio::time::sleep(think).await;
+        }
     }
 }
 
