@@ -27,7 +27,7 @@ def load(peer, case):
 
 cases = sorted(
     {name[len(p) + 1 : -5] for name in os.listdir(out_dir) for p in peers if name.startswith(p + "-") and name.endswith(".json")},
-    key=lambda c: (c.split("-")[0], int(c.split("-")[-1]) if c.split("-")[-1].isdigit() else 0),
+    key=lambda c: (c.split("-")[0], "paced" in c, int(c.split("-")[-1]) if c.split("-")[-1].isdigit() else 0),
 )
 
 

@@ -120,6 +120,14 @@ pub struct LoadArgs {
     /// used in turn and reported apart
     #[arg(long, value_delimiter = ',', default_value = "0ms,50ms", value_parser = humantime::parse_duration)]
     pub resume_delay: Vec<Duration>,
+    /// Pause a session takes after each call (throughput and resume
+    /// profiles). 0 is a closed loop: every session calls again as soon as
+    /// its last call ends, so a faster server is driven harder and its
+    /// latencies include queueing behind that extra work. A pause bounds
+    /// the offered load, so servers that keep up are compared at the same
+    /// rate.
+    #[arg(long, default_value = "0ms", value_parser = humantime::parse_duration, value_name = "DURATION")]
+    pub think: Duration,
     /// Progress events a storm session reads before the cut
     #[arg(long, default_value_t = 1, value_name = "N")]
     pub storm_cut_after: u32,
@@ -171,6 +179,7 @@ impl LoadArgs {
             tool_args: None,
             resume_fraction: 0.5,
             resume_delay: vec![Duration::ZERO, Duration::from_millis(50)],
+            think: Duration::ZERO,
             storm_cut_after: 1,
             probe_window: Duration::from_millis(200),
             expect: Expect::Auto,

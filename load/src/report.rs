@@ -30,6 +30,8 @@ pub struct Report {
     pub count: u32,
     /// See `count`.
     pub interval_ms: u64,
+    /// Milliseconds a session paused after each call (0: a closed loop).
+    pub think_ms: u64,
     /// The seed of the cut points and mixes.
     pub seed: u64,
     /// Seconds the sessions took to initialise.
@@ -332,6 +334,7 @@ impl Report {
             sessions_opened: out.opened,
             count: s.count,
             interval_ms: s.interval_ms,
+            think_ms: s.think.as_millis() as u64,
             seed: s.seed,
             opening_s: out.opening.as_secs_f64(),
             elapsed_s: secs,
@@ -403,8 +406,19 @@ impl Report {
         );
         let _ = writeln!(
             o,
-            "  sessions       {} of {} opened in {:.2} s; load {:.2} s; {} notifications per call, {} ms apart; seed {}",
-            self.sessions_opened, self.sessions, self.opening_s, self.elapsed_s, self.count, self.interval_ms, self.seed
+            "  sessions       {} of {} opened in {:.2} s; load {:.2} s; {} notifications per call, {} ms apart; {}; seed {}",
+            self.sessions_opened,
+            self.sessions,
+            self.opening_s,
+            self.elapsed_s,
+            self.count,
+            self.interval_ms,
+            if self.think_ms == 0 {
+                "closed loop".to_owned()
+            } else {
+                format!("{} ms pause after each call", self.think_ms)
+            },
+            self.seed
         );
         let _ = writeln!(
             o,

@@ -83,6 +83,20 @@ fn throughput_delivers_every_event_once() {
 }
 
 #[test]
+fn a_pause_after_each_call_bounds_the_offered_load() {
+    // 8 sessions, 1.5 s, a 500 ms pause: a session starts its first call
+    // within one pause and then at most one call per pause, so at most 4
+    // calls each however fast the server is (a closed loop makes hundreds).
+    let r = runtime().block_on(load(Profile::Throughput, |a| {
+        a.think = Duration::from_millis(500);
+    }));
+    assert!(r.calls.completed >= 8, "{}", r.render(0));
+    assert!(r.calls.completed <= 8 * 4, "{}", r.render(0));
+    assert_eq!(r.think_ms, 500);
+    assert!(r.render(0).contains("500 ms pause after each call"));
+}
+
+#[test]
 fn resume_replays_after_the_cursor_at_both_delays() {
     let r = runtime().block_on(load(Profile::Resume, |a| {
         a.resume_delay = vec![Duration::ZERO, Duration::from_millis(20)];
