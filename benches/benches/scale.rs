@@ -18,7 +18,7 @@
 //!
 //! Sizes: `REWIND_SCALE_SESSIONS=10000,100000` (the list of populations),
 //! `REWIND_SCALE_STORM=100000`, `REWIND_SCALE_SESSION_EVENTS=8` (events
-//! each session keeps). The pool is sized for the population (about 2 KiB
+//! each session keeps). The pool is sized for the population (8 KiB
 //! per session). Under `cargo test --benches` (no `--bench`) every size is
 //! tiny so CI runs the whole body in well under a second.
 //!
@@ -84,8 +84,12 @@ impl Sizes {
         let mut config = Config::default();
         config.session_events = self.session_events;
         config.max_sessions = sessions.max(1) * 2;
-        // Room for each session's first segments without eviction.
-        config.global_bytes = (2048 * sessions as u64).max(64 << 20);
+        // Retention by events only (a byte floor of 4 KiB instead of the
+        // default 256 KiB, which random appends would otherwise fill until
+        // the pool evicts), and room for every session's window without
+        // eviction: an evicted session would end the measurement.
+        config.session_bytes = 4 * 1024;
+        config.global_bytes = (8192 * sessions as u64).max(64 << 20);
         config.max_event_bytes = 60 * 1024;
         match policy {
             Some(p) => Engine::with_policy(config, p).expect("valid config"),
