@@ -155,6 +155,26 @@ fn initialize(mcp_url: &str) -> String {
         .unwrap_or_else(|| panic!("no session id in {head}"))
 }
 
+/// Sends SIGTERM to the server and waits (at most 20 s) for it to exit.
+fn sigterm(server: &mut Server) -> std::process::ExitStatus {
+    let killed = Command::new("kill")
+        .args(["-TERM", &server.child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Some(status) = server.child.try_wait().unwrap() {
+            return status;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "still running 20 s after SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
@@ -255,22 +275,7 @@ fn sigterm_stops_the_server_promptly() {
         )
     });
     assert!(head.starts_with("HTTP/1.1 200"), "{head}");
-    let killed = Command::new("kill")
-        .args(["-TERM", &server.child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(killed.success());
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let status = loop {
-        if let Some(status) = server.child.try_wait().unwrap() {
-            break status;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "still running 20 s after SIGTERM"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let status = sigterm(&mut server);
     assert!(status.success(), "{status:?}");
     let rest: Vec<String> = server.stdout.try_iter().collect();
     assert!(rest.iter().any(|l| l == "rewind: stopped"), "{rest:?}");
@@ -323,19 +328,7 @@ fn json_logs_carry_one_access_line_per_request_and_no_rmcp_chatter() {
         r#"{"jsonrpc":"2.0","id":3,"method":"ping"}"#,
     );
     assert!(head.starts_with("HTTP/1.1 404"), "{head}");
-    let killed = Command::new("kill")
-        .args(["-TERM", &server.child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(killed.success());
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while server.child.try_wait().unwrap().is_none() {
-        assert!(
-            Instant::now() < deadline,
-            "still running 20 s after SIGTERM"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    assert!(sigterm(&mut server).success());
 
     let logs = std::fs::read_to_string(&log_path).unwrap();
     let lines: Vec<serde_json::Value> = logs
