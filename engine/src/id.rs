@@ -443,7 +443,7 @@ fn dashes_in(x: u64) -> u64 {
 /// The canonical field `b[from..to]` of at most `max` digits (no leading
 /// zero unless it is exactly "0"). Every field follows the 16-digit tag, so
 /// `to >= 18` and the words read below stay inside `b`.
-#[inline]
+#[inline(always)]
 fn field(b: &[u8], from: usize, to: usize, max: usize) -> Option<u64> {
     let n = to.checked_sub(from)?;
     if n == 0 || n > max || (n > 1 && b[from] == b'0') || to < 16 {

@@ -320,11 +320,12 @@ fn classify_cursor(
     facts: &mut ResumeFacts,
     placed: &mut Option<Cursor>,
 ) -> CursorFact {
-    let pool = &shared.pool;
-    let high_water = s.window.high_water(pool);
-    let oldest = s.window.oldest_retained(pool);
-    facts.high_water = high_water;
-    facts.oldest_retained = oldest;
+    let mine = c.tag == s.tag && c.node == 0 && c.epoch == s.epoch;
+    let w = s
+        .window
+        .place(&shared.pool, s.owner(), mine.then_some(c.seq));
+    facts.high_water = w.high_water;
+    facts.oldest_retained = w.oldest;
     facts.idle_ms = now.saturating_sub(s.last_active_ms.load(std::sync::atomic::Ordering::Relaxed));
     if c.tag != s.tag || c.node != 0 {
         return CursorFact::Foreign;
@@ -332,20 +333,19 @@ fn classify_cursor(
     if c.epoch < s.epoch {
         return CursorFact::OlderEpoch;
     }
-    if c.epoch > s.epoch || c.seq > high_water {
+    if c.epoch > s.epoch || c.seq > w.high_water {
         return CursorFact::Future;
     }
     facts.cursor_seq = c.seq;
     facts.cursor_age_ms = if c.seq == 0 {
         now.saturating_sub(s.opened_ms)
     } else {
-        let (appended, at) = s.window.locate_after(pool, s.owner(), c.seq);
-        *placed = appended.is_some().then_some(at);
-        appended.map_or(UNKNOWN, |ms| now.saturating_sub(ms))
+        *placed = w.appended_ms.is_some().then_some(w.cursor);
+        w.appended_ms.map_or(UNKNOWN, |ms| now.saturating_sub(ms))
     };
     // In window iff the first event after the cursor is still held (or
     // not appended yet).
-    if c.seq + 1 >= oldest {
+    if c.seq + 1 >= w.oldest {
         CursorFact::InWindow
     } else {
         CursorFact::BeforeWindow

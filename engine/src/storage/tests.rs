@@ -105,7 +105,7 @@ fn frames_round_trip_across_word_boundaries_and_segments() {
     assert_eq!(read_all(&w, &p, A, 0, None), want);
     // From the middle: the table finds the frame.
     assert_eq!(read_all(&w, &p, A, 37, None), want[37..]);
-    assert_eq!(w.locate_after(&p, A, 41).0, Some(410));
+    assert_eq!(w.place(&p, A, Some(41)).appended_ms, Some(410));
     assert!(w.held_units() > 1, "the chain grew past one segment");
 }
 
@@ -123,7 +123,7 @@ fn read_from(w: &Window, p: &Pool, c: &mut Cursor) -> Result<Vec<(u64, Vec<u8>)>
 }
 
 #[test]
-fn a_cursor_placed_by_locate_after_reads_what_a_fresh_walk_reads() {
+fn a_cursor_placed_by_place_reads_what_a_fresh_walk_reads() {
     // Small segments (one or two units, a few frames each): positions at
     // a segment's first and last frame, where reading on crosses a seal.
     let p = pool(256, 1);
@@ -142,8 +142,21 @@ fn a_cursor_placed_by_locate_after_reads_what_a_fresh_walk_reads() {
     }
     assert!(w.held_units() > 10, "{} units", w.held_units());
     for after in 1..=90u64 {
-        let (ms, mut c) = w.locate_after(&p, A, after);
-        assert_eq!(ms, Some(after * 10), "time of frame {after}");
+        let placed = w.place(&p, A, Some(after));
+        assert_eq!(placed.high_water, 90);
+        assert_eq!(placed.oldest, w.oldest_retained(&p));
+        assert_eq!(
+            placed.appended_ms,
+            Some(after * 10),
+            "time of frame {after}"
+        );
+        // The one-pass placement and the separate calls agree.
+        let slow = w.place_slow(&p, A, Some(after));
+        assert_eq!(
+            (slow.high_water, slow.oldest, slow.appended_ms),
+            (placed.high_water, placed.oldest, placed.appended_ms)
+        );
+        let mut c = placed.cursor;
         assert_eq!(c.seq, after + 1);
         assert_eq!(
             read_from(&w, &p, &mut c),
@@ -152,7 +165,7 @@ fn a_cursor_placed_by_locate_after_reads_what_a_fresh_walk_reads() {
         );
     }
     // Placed at the head, then more is appended: the cursor reads it.
-    let (_, mut c) = w.locate_after(&p, A, 90);
+    let mut c = w.place(&p, A, Some(90)).cursor;
     for seq in 91..=120u64 {
         let body = payload(seq, 24);
         assert_eq!(w.append(&p, A, &k, 1, seq * 10, &body, 0), Ok(seq));
@@ -160,10 +173,10 @@ fn a_cursor_placed_by_locate_after_reads_what_a_fresh_walk_reads() {
     }
     assert_eq!(read_from(&w, &p, &mut c), Ok(want[90..].to_vec()));
     // Another owner's cursor is never placed.
-    assert_eq!(w.locate_after(&p, B, 5).0, None);
+    assert_eq!(w.place(&p, B, Some(5)).appended_ms, None);
     // Placed, then its segment is released before the read: it lags
     // rather than reading the reused memory.
-    let (_, mut c) = w.locate_after(&p, A, 3);
+    let mut c = w.place(&p, A, Some(3)).cursor;
     let tight = Retention { max_events: 4, ..k };
     for seq in 121..=200u64 {
         w.append(&p, A, &tight, 1, 0, &payload(seq, 24), 0).unwrap();

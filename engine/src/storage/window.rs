@@ -65,6 +65,19 @@ pub(crate) struct Cursor {
     at: Option<Pos>,
 }
 
+/// What [`Window::place`] found.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Placement {
+    /// The highest sequence number claimed (0 before the first append).
+    pub(crate) high_water: u64,
+    /// The oldest sequence number still held; `high_water + 1` when none.
+    pub(crate) oldest: u64,
+    /// When the cursor's own frame was appended, if it is still held.
+    pub(crate) appended_ms: Option<u64>,
+    /// A cursor whose first read returns the frame after the cursor.
+    pub(crate) cursor: Cursor,
+}
+
 #[derive(Clone, Copy, Debug)]
 pub(super) struct Pos {
     seg: SegRef,
@@ -595,51 +608,99 @@ impl Window {
         }
     }
 
-    /// When frame `seq` was appended (if it is held), and a cursor whose
-    /// first read returns the frame after it. The cursor already points at
-    /// the segment holding `seq`, so reading on does not walk the chain a
-    /// second time (a resume asks for both). If that segment is released
-    /// before the read, the read validates its stamp and reports `Lagged`,
-    /// as a fresh walk would.
-    pub(crate) fn locate_after(
-        &self,
-        pool: &Pool,
-        owner: Owner,
-        seq: u64,
-    ) -> (Option<u64>, Cursor) {
-        let unplaced = self.cursor_after(seq);
-        let Locate::At(pos) = self.locate(pool, owner, seq) else {
-            return (None, unplaced);
+    /// Everything a resume asks of the window, read in one pass: the high
+    /// water mark, the oldest retained sequence number, and — for a cursor
+    /// `after` in the window — when frame `after` was appended and a cursor
+    /// whose first read returns the frame after it, already placed in the
+    /// segment that holds it (so the replay does not walk the chain again).
+    ///
+    /// One pass reads the head's header and state, the oldest segment's
+    /// header (the head's, when they are one), and for a cursor in a sealed
+    /// segment near the oldest end one state and one successor header —
+    /// each header once, where asking `high_water`, `oldest_retained` and
+    /// `locate` in turn reads the head and the oldest twice. When the pass
+    /// meets anything unusual (the head sealed but not swung yet, a segment
+    /// released under it), it answers the slow way, with those calls.
+    ///
+    /// If the cursor's segment is released before the first read, that
+    /// read validates its stamp and reports `Lagged`, as a fresh walk would.
+    pub(crate) fn place(&self, pool: &Pool, owner: Owner, after: Option<u64>) -> Placement {
+        self.place_fast(pool, owner, after)
+            .unwrap_or_else(|| self.place_slow(pool, owner, after))
+    }
+
+    /// [`Window::place`] in one pass, or `None` to take the slow way.
+    #[inline]
+    fn place_fast(&self, pool: &Pool, owner: Owner, after: Option<u64>) -> Option<Placement> {
+        let head_word = self.head.load(Ordering::Acquire);
+        let Some(head) = SegRef::unpack(head_word) else {
+            // Nothing appended yet, or closed: nothing to place.
+            return None;
         };
-        let segment = pool.segment(pos.seg.unit, pos.class);
-        let index = (seq - pos.first_seq) as u32;
-        let Some(offset) = frame_offset(segment, pos.seg.stamp, index, pos.offset) else {
-            return (None, unplaced);
+        let hh = read_header(pool, head).filter(|h| is_owner(h, owner))?;
+        let head_count =
+            match State::decode(pool.state(head.unit).load(Ordering::Acquire), head.stamp)? {
+                State::Open { count, .. } | State::Last { count, .. } => count,
+                // Sealed, head not swung yet: rare, and `high_water` knows it.
+                State::Next { .. } => return None,
+            };
+        let high_water = hh.first_seq + u64::from(head_count) - 1;
+        let oldest_word = self.oldest.load(Ordering::Acquire);
+        let (oldest_seg, oh) = if oldest_word == head_word {
+            (head, hh)
+        } else {
+            let seg = SegRef::unpack(oldest_word)?;
+            (seg, read_header(pool, seg).filter(|h| is_owner(h, owner))?)
         };
-        if mark_len(
-            segment[offset as usize].load(Ordering::Acquire),
-            pos.seg.stamp,
-        )
-        .is_none()
-        {
-            return (None, unplaced);
+        let mut placement = Placement {
+            high_water,
+            oldest: oh.first_seq,
+            appended_ms: None,
+            cursor: self.cursor_after(after.unwrap_or(0)),
+        };
+        let Some(seq) = after.filter(|&s| s >= oh.first_seq && s <= high_water) else {
+            return Some(placement);
+        };
+        let pos = if seq >= hh.first_seq {
+            Pos {
+                known: head_count,
+                ..Pos::at(head, &hh, seq)
+            }
+        } else if seq - oh.first_seq < hh.first_seq - seq {
+            // Nearer the oldest end: its successor's first number bounds it.
+            match walk_forward(pool, owner, seq, oldest_seg, oh)? {
+                Locate::At(pos) => pos,
+                _ => return None,
+            }
+        } else {
+            return None;
+        };
+        if let Some((ms, cursor)) = frame_after(pool, seq, pos) {
+            placement.appended_ms = Some(ms);
+            placement.cursor = cursor;
         }
-        let ms = segment[offset as usize + 2].load(Ordering::Relaxed);
-        fence(Ordering::Acquire);
-        if pool.stamp_now(pos.seg.unit, Ordering::Relaxed) != pos.seg.stamp {
-            return (None, unplaced);
-        }
-        // Frame `seq + 1` is the next one in this segment, or the first of
-        // its successor: `read` finds it from the table (offset unknown) or
-        // follows the seal's link when `seq` was the segment's last frame.
-        let cursor = Cursor {
-            seq: seq + 1,
-            at: Some(Pos {
-                offset: UNKNOWN,
-                ..pos
-            }),
+        Some(placement)
+    }
+
+    /// [`Window::place`] by separate calls, each retrying on its own.
+    pub(super) fn place_slow(&self, pool: &Pool, owner: Owner, after: Option<u64>) -> Placement {
+        let high_water = self.high_water(pool);
+        let oldest = self.oldest_retained(pool);
+        let mut placement = Placement {
+            high_water,
+            oldest,
+            appended_ms: None,
+            cursor: self.cursor_after(after.unwrap_or(0)),
         };
-        (Some(ms), cursor)
+        if let Some(seq) = after.filter(|&s| s >= 1 && s <= high_water) {
+            if let Locate::At(pos) = self.locate(pool, owner, seq) {
+                if let Some((ms, cursor)) = frame_after(pool, seq, pos) {
+                    placement.appended_ms = Some(ms);
+                    placement.cursor = cursor;
+                }
+            }
+        }
+        placement
     }
 
     /// Reads the next frame of `stream` (or of any stream) at `cursor`,
@@ -927,8 +988,11 @@ pub(super) fn walk_forward(
     for _ in 0..=pool.shape().units {
         let next = match State::decode(pool.state(seg.unit).load(Ordering::Acquire), seg.stamp)? {
             // Not sealed: the chain ends here, and so does `seq`'s search.
-            State::Open { .. } | State::Last { .. } => {
-                return Some(Locate::At(Pos::at(seg, &h, seq)))
+            State::Open { count, .. } | State::Last { count, .. } => {
+                return Some(Locate::At(Pos {
+                    known: count,
+                    ..Pos::at(seg, &h, seq)
+                }));
             }
             State::Next { next } => next,
         };
@@ -941,7 +1005,13 @@ pub(super) fn walk_forward(
             return None;
         }
         if seq < nh.first_seq {
-            return Some(Locate::At(Pos::at(seg, &h, seq)));
+            // Sealed: its frames are exactly those before its successor's.
+            let count = (nh.first_seq - h.first_seq) as u32;
+            return Some(Locate::At(Pos {
+                known: count,
+                sealed_count: count,
+                ..Pos::at(seg, &h, seq)
+            }));
         }
         (seg, h) = (n, nh);
     }
@@ -965,17 +1035,29 @@ fn is_owner(h: &SegmentHeader, owner: Owner) -> bool {
 }
 
 /// The header of `seg`, if `seg` is still that allocation.
+///
+/// The fields are loaded straight into the struct (not through a word
+/// array that is then reinterpreted): on the resume path the header is
+/// read several times, and an array copied back out with wider loads
+/// stalls on store forwarding.
+#[inline]
 fn read_header(pool: &Pool, seg: SegRef) -> Option<SegmentHeader> {
     if seg.unit >= pool.shape().units {
         return None;
     }
-    let words = pool.segment(seg.unit, 0);
-    let mut values = [0u64; HEADER_WORDS];
-    for (v, w) in values.iter_mut().zip(&words[..HEADER_WORDS]) {
-        *v = w.load(Ordering::Relaxed);
-    }
+    let w = pool.segment(seg.unit, 0);
+    let load = |i: usize| w[i].load(Ordering::Relaxed);
+    let header = SegmentHeader {
+        link: load(0),
+        owner_tag: load(1),
+        owner_epoch: load(2),
+        first_seq: load(3),
+        prev: load(4),
+        info: load(5),
+        opened_ms: load(6),
+        check: load(7),
+    };
     fence(Ordering::Acquire);
-    let header = SegmentHeader::from_words(values);
     (pool.stamp_now(seg.unit, Ordering::Relaxed) == seg.stamp
         && pool.valid(seg.unit, header.class()))
     .then_some(header)
@@ -1059,6 +1141,42 @@ pub(crate) fn max_payload(pool: &Pool) -> usize {
     let words = shape.class_words(shape.top_class);
     let room = (words - HEADER_WORDS - FRAME_HEADER_WORDS - 1) * WORD_BYTES;
     room.min(super::layout::MAX_USED as usize - FRAME_HEADER_WORDS * WORD_BYTES)
+}
+
+/// When frame `seq`, which `pos` places in its segment, was appended, and
+/// a cursor placed right after it; `None` if the frame is not published or
+/// the segment was released meanwhile.
+fn frame_after(pool: &Pool, seq: u64, pos: Pos) -> Option<(u64, Cursor)> {
+    let segment = pool.segment(pos.seg.unit, pos.class);
+    let index = (seq - pos.first_seq) as u32;
+    let offset = frame_offset(segment, pos.seg.stamp, index, pos.offset)?;
+    // Acquire pairs with the appender's Release of the mark.
+    let len = mark_len(
+        segment.get(offset as usize)?.load(Ordering::Acquire),
+        pos.seg.stamp,
+    )?;
+    let end = offset as usize + FRAME_HEADER_WORDS + (len as usize).div_ceil(WORD_BYTES);
+    if end > segment.len() - (index as usize + 1) {
+        return None;
+    }
+    let ms = segment[offset as usize + 2].load(Ordering::Relaxed);
+    // As in a read: a word from a later owner shows as a changed stamp.
+    fence(Ordering::Acquire);
+    if pool.stamp_now(pos.seg.unit, Ordering::Relaxed) != pos.seg.stamp {
+        return None;
+    }
+    // Frame `seq + 1` starts where frame `seq` ends. Below the claims
+    // `pos` already knows of, a read takes it without loading the state;
+    // past them (or past a sealed segment's last frame) the general read
+    // loads the state or follows the seal.
+    let cursor = Cursor {
+        seq: seq + 1,
+        at: Some(Pos {
+            offset: end as u32,
+            ..pos
+        }),
+    };
+    Some((ms, cursor))
 }
 
 /// The word offset of frame `index`: `known` if the reader already knows
