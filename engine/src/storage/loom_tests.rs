@@ -203,15 +203,18 @@ fn loom_an_appender_never_numbers_a_segment_from_a_reused_head() {
     });
 }
 
-/// The wake-up protocol of the engine's readers: a reader announces itself
-/// (`fetch_add`), fences (SeqCst) and re-checks for data; a writer
-/// publishes, fences (SeqCst) and wakes only if it sees a waiter. By the
-/// fence-fence rule at least one side sees the other, so a parked reader is
-/// never left asleep beside a published event. (Without the reader's fence
-/// the model fails.)
+/// The wake-up protocol of the engine's readers (`Session::listen` and
+/// `Session::wake`): a reader registers, announces itself with an `AcqRel`
+/// RMW on the waiter count and re-checks for data; a writer publishes, then
+/// does an `AcqRel` RMW of the count that leaves it unchanged, and wakes
+/// only if it read a waiter. The two RMWs are ordered on one word, and
+/// whichever comes second synchronises with the first, so at least one
+/// side sees the other and a parked reader is never left asleep beside a
+/// published event. No fence on either side. (With a plain load in the
+/// writer instead of the RMW, the model fails.)
 #[test]
 fn loom_wake_ups_are_never_lost() {
-    use crate::sync::{fence, AtomicBool, AtomicU32, Ordering};
+    use crate::sync::{AtomicBool, AtomicU32, Ordering};
     loom::model(|| {
         let published = Arc::new(AtomicBool::new(false));
         // Stands for the reader's listener registration (event-listener's
@@ -228,16 +231,15 @@ fn loom_wake_ups_are_never_lost() {
             );
             thread::spawn(move || {
                 published.store(true, Ordering::Release);
-                fence(Ordering::SeqCst);
                 // A notify wakes the reader only if it finds its listener.
-                if waiters.load(Ordering::Relaxed) > 0 && registered.load(Ordering::Relaxed) {
+                if waiters.fetch_add(0, Ordering::AcqRel) > 0 && registered.load(Ordering::Relaxed)
+                {
                     woken.store(true, Ordering::Release);
                 }
             })
         };
         registered.store(true, Ordering::Relaxed);
-        waiters.fetch_add(1, Ordering::Relaxed);
-        fence(Ordering::SeqCst);
+        waiters.fetch_add(1, Ordering::AcqRel);
         let saw = published.load(Ordering::Acquire);
         writer.join().unwrap();
         // A reader that saw nothing parks; it must be woken.

@@ -38,8 +38,9 @@
 //!
 //! Cost of an append into a segment with room, uncontended: three loads,
 //! one CAS (the only locked RMW), the frame's stores and one `Release`
-//! store. No fence. (The engine adds its wake-up check: one `SeqCst` fence
-//! and a load.)
+//! store. No fence. (The engine adds its wake-up check, `Session::wake`:
+//! one `AcqRel` RMW of the session's waiter count that leaves it unchanged
+//! — a locked instruction on x86, no fence.)
 //!
 //! # Read (any number of readers, never waiting, never writing)
 //!
