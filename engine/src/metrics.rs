@@ -5,21 +5,21 @@
 //! sessions' high-water marks plus what ended sessions had reached), and
 //! pool use from the pool's free counter. What is counted — replayed events
 //! (added per batch by each reader), refusals, session ends, verdicts — goes
-//! into *striped* counters: each thread adds to the stripe it was assigned
-//! (round-robin, on first use) and a snapshot sums the stripes, so two
-//! threads on different stripes never share a line. Totals are exact once
-//! writers are quiet; a snapshot taken during traffic is a consistent-enough
-//! sum of monotone counters (each stripe is read once).
+//! into *per-thread* counters: each thread that counts gets its own line of
+//! counters (the `thread_local` crate's `ThreadLocal`, one per engine), and
+//! only that thread ever writes it, so an increment is a plain load and
+//! store — no locked instruction, no line shared with another core. A
+//! snapshot sums every thread's line. Totals are exact once writers are
+//! quiet; a snapshot taken during traffic is a consistent-enough sum of
+//! monotone counters (each line is read once).
 
-use std::cell::Cell;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use crossbeam_utils::CachePadded;
 use rewind_policy_sdk::Verdict;
+use thread_local::ThreadLocal;
 
 use crate::policy::PolicyFault;
-
-const STRIPES: usize = 16;
 
 /// One counter of the engine.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -78,63 +78,60 @@ impl Counter {
     }
 }
 
+/// One thread's counters. Written only by that thread; read by snapshots.
+type Line = CachePadded<[AtomicU64; COUNTERS]>;
+
 #[derive(Debug)]
 pub(crate) struct Metrics {
-    stripes: Box<[CachePadded<[AtomicU64; COUNTERS]>]>,
+    lines: ThreadLocal<Line>,
     /// Number of live sessions. Changed on open and end.
     pub(crate) sessions_live: AtomicU64,
 }
 
-static NEXT_STRIPE: AtomicUsize = AtomicUsize::new(0);
-
-thread_local! {
-    static STRIPE: Cell<usize> = const { Cell::new(usize::MAX) };
-}
-
+/// Adds `n` to a counter only the calling thread writes.
 #[inline]
-fn my_stripe() -> usize {
-    STRIPE.with(|s| {
-        let mut i = s.get();
-        if i == usize::MAX {
-            i = NEXT_STRIPE.fetch_add(1, Ordering::Relaxed) % STRIPES;
-            s.set(i);
-        }
-        i
-    })
+fn bump(c: &AtomicU64, n: u64) {
+    // Relaxed load and store, not an RMW: no other thread writes this
+    // counter, so nothing can come between them; snapshots only need each
+    // increment to land eventually.
+    c.store(c.load(Ordering::Relaxed).wrapping_add(n), Ordering::Relaxed);
 }
 
 impl Metrics {
     pub(crate) fn new() -> Metrics {
         Metrics {
-            stripes: (0..STRIPES)
-                .map(|_| CachePadded::new(std::array::from_fn(|_| AtomicU64::new(0))))
-                .collect(),
+            lines: ThreadLocal::new(),
             sessions_live: AtomicU64::new(0),
         }
     }
 
+    /// The calling thread's counters.
     #[inline]
-    pub(crate) fn add(&self, c: Counter, n: u64) {
-        // Relaxed: counters order nothing; a snapshot only needs each
-        // increment to land eventually.
-        self.stripes[my_stripe()][c as usize].fetch_add(n, Ordering::Relaxed);
+    fn mine(&self) -> &Line {
+        self.lines
+            .get_or(|| CachePadded::new(std::array::from_fn(|_| AtomicU64::new(0))))
     }
 
-    /// Adds `a` to counter `ca` and `b` to counter `cb`, with one stripe
-    /// lookup (a reader's batch of events and bytes).
+    #[inline]
+    pub(crate) fn add(&self, c: Counter, n: u64) {
+        bump(&self.mine()[c as usize], n);
+    }
+
+    /// Adds `a` to counter `ca` and `b` to counter `cb`, with one lookup of
+    /// the thread's counters (a reader's batch of events and bytes).
     #[inline]
     pub(crate) fn add_pair(&self, ca: Counter, a: u64, cb: Counter, b: u64) {
-        let stripe = &self.stripes[my_stripe()];
-        stripe[ca as usize].fetch_add(a, Ordering::Relaxed);
-        stripe[cb as usize].fetch_add(b, Ordering::Relaxed);
+        let line = self.mine();
+        bump(&line[ca as usize], a);
+        bump(&line[cb as usize], b);
     }
 
     #[inline]
     pub(crate) fn verdict(&self, v: Verdict, fault: Option<PolicyFault>) {
-        let stripe = &self.stripes[my_stripe()];
-        stripe[Counter::verdict(v) as usize].fetch_add(1, Ordering::Relaxed);
+        let line = self.mine();
+        bump(&line[Counter::verdict(v) as usize], 1);
         if let Some(f) = fault {
-            stripe[Counter::fault(f)].fetch_add(1, Ordering::Relaxed);
+            bump(&line[Counter::fault(f)], 1);
         }
     }
 
@@ -143,10 +140,10 @@ impl Metrics {
     }
 
     fn sum_at(&self, i: usize) -> u64 {
-        self.stripes
+        self.lines
             .iter()
-            .map(|s| s[i].load(Ordering::Relaxed))
-            .sum()
+            .map(|line| line[i].load(Ordering::Relaxed))
+            .fold(0u64, u64::wrapping_add)
     }
 
     /// A snapshot; `live_appends` is the sum of the live sessions'
@@ -237,7 +234,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn stripes_sum_across_threads() {
+    fn every_threads_counts_are_summed() {
         let m = std::sync::Arc::new(Metrics::new());
         let threads: Vec<_> = (0..4)
             .map(|_| {
