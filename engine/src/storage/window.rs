@@ -103,6 +103,7 @@ const UNKNOWN: u32 = u32::MAX;
 impl Pos {
     /// At frame `seq` of `seg`, whose header is `h`: its offset is known
     /// only for the segment's first frame (else read from the table).
+    #[inline(always)]
     fn at(seg: SegRef, h: &SegmentHeader, seq: u64) -> Pos {
         let mut pos = Pos::start(seg, h);
         if seq != h.first_seq {
@@ -112,6 +113,7 @@ impl Pos {
     }
 
     /// At the first frame of `seg`, whose header is `h`.
+    #[inline(always)]
     fn start(seg: SegRef, h: &SegmentHeader) -> Pos {
         Pos {
             seg,
@@ -630,7 +632,7 @@ impl Window {
     }
 
     /// [`Window::place`] in one pass, or `None` to take the slow way.
-    #[inline]
+    #[inline(always)]
     fn place_fast(&self, pool: &Pool, owner: Owner, after: Option<u64>) -> Option<Placement> {
         let head_word = self.head.load(Ordering::Acquire);
         let Some(head) = SegRef::unpack(head_word) else {
@@ -978,6 +980,7 @@ impl Window {
 /// can go while `seq`'s is still held. Reporting it as gone would tell a
 /// reader of a gap that is not there; the caller walks from the head
 /// instead.
+#[inline(always)]
 pub(super) fn walk_forward(
     pool: &Pool,
     owner: Owner,
@@ -1040,7 +1043,7 @@ fn is_owner(h: &SegmentHeader, owner: Owner) -> bool {
 /// array that is then reinterpreted): on the resume path the header is
 /// read several times, and an array copied back out with wider loads
 /// stalls on store forwarding.
-#[inline]
+#[inline(always)]
 fn read_header(pool: &Pool, seg: SegRef) -> Option<SegmentHeader> {
     if seg.unit >= pool.shape().units {
         return None;
@@ -1146,6 +1149,7 @@ pub(crate) fn max_payload(pool: &Pool) -> usize {
 /// When frame `seq`, which `pos` places in its segment, was appended, and
 /// a cursor placed right after it; `None` if the frame is not published or
 /// the segment was released meanwhile.
+#[inline(always)]
 fn frame_after(pool: &Pool, seq: u64, pos: Pos) -> Option<(u64, Cursor)> {
     let segment = pool.segment(pos.seg.unit, pos.class);
     let index = (seq - pos.first_seq) as u32;
