@@ -421,9 +421,8 @@ fn dash_mask(b: &[u8]) -> u64 {
     }
     let rest = chunks.remainder();
     if !rest.is_empty() {
-        let mut word = [0u8; 8];
-        word[..rest.len()].copy_from_slice(rest);
-        mask |= dashes_in(u64::from_le_bytes(word)) << at;
+        // Zero padding is no '-'.
+        mask |= dashes_in(crate::words::tail_word(b, rest)) << at;
     }
     mask
 }

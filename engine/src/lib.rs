@@ -41,6 +41,7 @@
 
 pub(crate) mod storage;
 pub(crate) mod sync;
+mod words;
 
 #[cfg(not(loom))]
 mod clock;

@@ -205,6 +205,7 @@ impl Engine {
 }
 
 impl Shared {
+    #[inline(always)]
     fn classify(&self, req: ResumeRequest<'_>) -> Classified {
         let cursor = req.last_event_id.map(EventId::parse);
         let parsed = cursor.and_then(Result::ok);
@@ -253,6 +254,7 @@ impl Shared {
         }
     }
 
+    #[inline(always)]
     fn act(self: &Arc<Self>, c: Classified, verdict: Verdict) -> ResumeAction {
         let live = c.facts.session_fact().is_some_and(SessionFact::is_live);
         let handle = |s: &Option<Arc<Session>>| {
@@ -312,6 +314,7 @@ impl Shared {
 
 /// Classifies a well-formed cursor against the live session that presents
 /// it, filling the numeric facts on the way.
+#[inline(always)]
 fn classify_cursor(
     shared: &Shared,
     s: &Session,

@@ -12,6 +12,7 @@ use super::layout::{
 };
 use super::pool::Pool;
 use crate::sync::{fence, AtomicU32, AtomicU64, Ordering, Spin};
+use crate::words::tail_word;
 
 /// Who a window belongs to: written into every segment it allocates and
 /// checked by every reader.
@@ -1228,21 +1229,6 @@ fn write_frame(
     segment[at].store(mark(stamp, payload.len() as u32), Ordering::Release);
 }
 
-/// The last, partial word of `payload` (whose last `rest` bytes do not fill
-/// a word), zero-padded, assembled in registers: copying the bytes into a
-/// stack buffer and loading it back as a word stalls on store forwarding
-/// (it was half the cost of a 100-byte append).
-#[inline]
-fn tail_word(payload: &[u8], rest: &[u8]) -> u64 {
-    if let Some(last) = payload.last_chunk::<WORD_BYTES>() {
-        // The word ending at the payload's end, shifted so its first byte
-        // is the first byte of `rest`.
-        u64::from_le_bytes(*last) >> (8 * (WORD_BYTES - rest.len()))
-    } else {
-        rest.iter().rev().fold(0, |w, &b| w << 8 | u64::from(b))
-    }
-}
-
 /// The common case of [`Window::read`], kept small so it stays in
 /// registers: the cursor is placed in a segment at a known offset, below
 /// the claims it has already seen there, and the frame is published. Any
@@ -1398,28 +1384,4 @@ fn copy_out(words: &[AtomicU64], len: usize, buf: &mut Vec<u8>) {
     // of the spare capacity, which `reserve` made at least that long, so
     // the first `old + len` bytes of the vector are initialised.
     unsafe { buf.set_len(old + len) };
-}
-
-#[cfg(all(test, not(loom)))]
-mod unit_tests {
-    use super::{tail_word, WORD_BYTES};
-
-    #[test]
-    fn the_tail_word_holds_the_last_bytes_zero_padded_for_every_length() {
-        let payload: Vec<u8> = (1..=40u8).collect();
-        for len in 1..=payload.len() {
-            let p = &payload[..len];
-            let rest = &p[len / WORD_BYTES * WORD_BYTES..];
-            if rest.is_empty() {
-                continue;
-            }
-            let mut bytes = [0u8; WORD_BYTES];
-            bytes[..rest.len()].copy_from_slice(rest);
-            assert_eq!(
-                tail_word(p, rest),
-                u64::from_le_bytes(bytes),
-                "length {len}"
-            );
-        }
-    }
 }
