@@ -277,6 +277,10 @@ fn copy(c: &mut Criterion) {
     // 64 events of 4 KiB need a 256 KiB arena; give it room for headers.
     let rewind = RewindStore::new(64);
     copy_store(&mut g, &rewind, p);
+    // One event per call into one reused buffer, as the memcpy floor and
+    // the SSE writer copy: the destination stays in L1 instead of growing
+    // to a 256 KiB batch.
+    copy_store(&mut g, &RewindPerEventStore(RewindStore::new(64)), p);
     copy_store(
         &mut g,
         &SharedMutexStore::new(BASELINE_EVENTS_PER_SESSION),
