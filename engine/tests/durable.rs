@@ -5,7 +5,7 @@ use std::path::Path;
 
 use rewind_engine::durable::DataDirError;
 use rewind_engine::{
-    Config, ConfigError, Engine, ReplayError, ResumeAction, ResumeRequest, SessionFact,
+    Config, ConfigError, Engine, Replay, ReplayError, ResumeAction, ResumeRequest, SessionFact,
     SessionHandle, SessionId, Verdict,
 };
 
@@ -41,6 +41,25 @@ fn replay_all(h: &SessionHandle, stream: u32) -> Vec<(u64, Vec<u8>)> {
             Err(e) => panic!("replay failed: {e}"),
         }
     }
+}
+
+/// Reads `r` to its end: the events, and the sequence numbers of the gaps
+/// it was told about (each `Lagged` moved past with `skip_gap`).
+fn read_with_gaps(r: &mut Replay) -> (Vec<(u64, Vec<u8>)>, Vec<u64>) {
+    let (mut events, mut gaps) = (Vec::new(), Vec::new());
+    let mut buf = Vec::new();
+    for _ in 0..10_000 {
+        match r.next_into(&mut buf) {
+            Ok(Some(id)) => events.push((id.seq, buf.clone())),
+            Ok(None) => return (events, gaps),
+            Err(ReplayError::Lagged { missing_seq, .. }) => {
+                gaps.push(missing_seq);
+                r.skip_gap();
+            }
+            Err(e) => panic!("replay failed: {e}"),
+        }
+    }
+    panic!("a replay that never ends");
 }
 
 fn data_dir_error(c: Config) -> DataDirError {
@@ -269,7 +288,7 @@ fn flip_inside(file: &Path, needle: &[u8]) {
 }
 
 #[test]
-fn a_frame_with_a_mark_but_a_wrong_checksum_is_dropped_with_a_gap_and_never_delivered() {
+fn a_frame_with_a_mark_but_a_wrong_checksum_becomes_a_told_gap_and_its_neighbours_are_kept() {
     // The damaged frame sits in a sealed segment (segments grow 512 B, 1 KiB,
     // ...; 40 events of up to 300 bytes fill several).
     let dir = tempfile::tempdir().unwrap();
@@ -289,6 +308,10 @@ fn a_frame_with_a_mark_but_a_wrong_checksum_is_dropped_with_a_gap_and_never_deli
                 }
             }
         }
+        assert!(
+            a.high_water() == 40 && a.held_bytes() > 1024,
+            "a chain of segments"
+        );
         (a.id(), b.id(), cursor.unwrap())
     };
     flip_inside(&dir.path().join("pool"), b"TORN-TARGET-PAYLOAD-0123456789");
@@ -298,25 +321,28 @@ fn a_frame_with_a_mark_but_a_wrong_checksum_is_dropped_with_a_gap_and_never_deli
 
     let e = Engine::new(config(dir.path())).unwrap();
     let report = e.recovery().unwrap().clone();
-    assert!(report.damaged_frames >= 1, "{report:?}");
+    assert_eq!(report.damaged_frames, 1, "{report:?}");
     // The other session lost nothing.
     let b = e.session(intact).unwrap();
     let want: Vec<_> = (1..=40).map(|seq| (seq, payload(1, seq))).collect();
     assert_eq!(replay_all(&b, 0), want);
-    // The damaged one never delivers the torn event, nor reuses its
-    // number: the segment holding it and everything older are dropped (a
-    // reader of them gets a gap); the newer segments are intact.
+    // The damaged one never delivers the torn event and never reuses its
+    // number; every reader that passes it is told (a gap at 20); every
+    // other event, older or newer, is kept intact.
     let a = e.session(damaged).unwrap();
-    let kept = replay_all(&a, 0);
-    assert!(!kept.is_empty());
-    for (seq, bytes) in &kept {
-        assert!(*seq > 20, "event {seq} is at or before the damage");
-        assert_eq!(*bytes, payload(0, *seq));
-    }
-    let seqs: Vec<u64> = kept.iter().map(|(s, _)| *s).collect();
-    let first = seqs[0];
-    assert_eq!(seqs, (first..=40).collect::<Vec<_>>());
+    let (events, gaps) = read_with_gaps(&mut a.subscribe_from_start(0));
+    let want: Vec<_> = (1..=40)
+        .filter(|&seq| seq != 20)
+        .map(|seq| (seq, payload(0, seq)))
+        .collect();
+    assert_eq!(events, want);
+    assert_eq!(gaps, vec![20]);
     assert_eq!(a.high_water(), 40, "sequence numbers are not reused");
+    // A reader of another stream is told too: the damaged frame's stream
+    // cannot be known for sure.
+    assert_eq!(read_with_gaps(&mut a.subscribe_from_start(7)).1, vec![20]);
+    // A client resuming from just before the damage resumes: the gap
+    // first, then the rest.
     let sid = damaged.to_string();
     let cursor = cursor.to_string();
     let d = e.resume(ResumeRequest {
@@ -324,7 +350,22 @@ fn a_frame_with_a_mark_but_a_wrong_checksum_is_dropped_with_a_gap_and_never_deli
         last_event_id: Some(&cursor),
         principal: None,
     });
-    assert_eq!(d.verdict, Verdict::FreshGap, "{:?}", d.facts);
+    assert_eq!(d.verdict, Verdict::Resume, "{:?}", d.facts);
+    let ResumeAction::Replay(mut r) = d.action else {
+        panic!("a resume without a reader");
+    };
+    let (events, gaps) = read_with_gaps(&mut r);
+    assert_eq!(gaps, vec![20]);
+    assert_eq!(events, want[19..].to_vec());
+    // A second restart finds the marker again and counts no new damage.
+    drop((a, b, r, e));
+    let e = Engine::new(config(dir.path())).unwrap();
+    assert_eq!(e.recovery().unwrap().damaged_frames, 0);
+    let a = e.session(damaged).unwrap();
+    assert_eq!(
+        read_with_gaps(&mut a.subscribe_from_start(0)),
+        (want, vec![20])
+    );
 }
 
 #[test]
@@ -438,14 +479,12 @@ fn a_damaged_frame_in_the_head_segment_is_never_delivered_and_its_number_never_r
     };
     flip_inside(&dir.path().join("pool"), b"HEAD-TARGET-PAYLOAD-0123456789");
     let e = Engine::new(config(dir.path())).unwrap();
-    assert!(e.recovery().unwrap().damaged_frames >= 1);
+    assert_eq!(e.recovery().unwrap().damaged_frames, 1);
     let a = e.session(id).unwrap();
-    assert_eq!(replay_all(&a, 0), vec![]);
-    assert_eq!(
-        a.high_water(),
-        3,
-        "the damaged number and those after are not reused"
-    );
+    let (events, gaps) = read_with_gaps(&mut a.subscribe_from_start(0));
+    assert_eq!(events, vec![(1, b"first".to_vec()), (3, b"third".to_vec())]);
+    assert_eq!(gaps, vec![2]);
+    assert_eq!(a.high_water(), 3, "the damaged number is not reused");
     assert_eq!(a.append(0, b"fourth").unwrap().seq, 4);
     let sid = id.to_string();
     let cursor = cursor.to_string();
@@ -454,7 +493,46 @@ fn a_damaged_frame_in_the_head_segment_is_never_delivered_and_its_number_never_r
         last_event_id: Some(&cursor),
         principal: None,
     });
-    assert_eq!(d.verdict, Verdict::FreshGap, "{:?}", d.facts);
+    assert_eq!(d.verdict, Verdict::Resume, "{:?}", d.facts);
+    let ResumeAction::Replay(mut r) = d.action else {
+        panic!("a resume without a reader");
+    };
+    assert_eq!(
+        read_with_gaps(&mut r),
+        (
+            vec![(3, b"third".to_vec()), (4, b"fourth".to_vec())],
+            vec![2]
+        )
+    );
+}
+
+#[test]
+fn a_damaged_last_frame_of_the_head_keeps_its_number() {
+    let dir = tempfile::tempdir().unwrap();
+    let id = {
+        let e = Engine::new(config(dir.path())).unwrap();
+        let a = e.open(None).unwrap();
+        a.append(0, b"first").unwrap();
+        a.append(0, b"LAST-TARGET-PAYLOAD-0123456789").unwrap();
+        a.id()
+    };
+    flip_inside(&dir.path().join("pool"), b"LAST-TARGET-PAYLOAD-0123456789");
+    let e = Engine::new(config(dir.path())).unwrap();
+    assert_eq!(e.recovery().unwrap().damaged_frames, 1);
+    let a = e.session(id).unwrap();
+    assert_eq!(
+        a.high_water(),
+        2,
+        "a number that may have been acknowledged"
+    );
+    assert_eq!(a.append(0, b"third").unwrap().seq, 3);
+    assert_eq!(
+        read_with_gaps(&mut a.subscribe_from_start(0)),
+        (
+            vec![(1, b"first".to_vec()), (3, b"third".to_vec())],
+            vec![2]
+        )
+    );
 }
 
 #[test]

@@ -264,6 +264,27 @@ pub(crate) fn table_offset(word: u64, stamp: u32) -> Option<u32> {
     (word >> 32 == u64::from(stamp)).then_some(word as u32)
 }
 
+/// The stream of the frames recovery writes in place of lost ones, which
+/// no append may name (`u32::MAX`, the engine's "no stream"): readers of a
+/// real stream pass over them.
+pub(crate) const RESERVED_STREAM: u32 = u32::MAX;
+
+/// The time word of a *gap marker*: a frame on [`RESERVED_STREAM`] that
+/// stands where recovery found a damaged frame (one that had its mark, so
+/// its `append` may have returned and its event may have been delivered).
+/// Every reader that reaches it reports a gap at its number, whatever
+/// stream it reads (the damaged frame's stream is not known for sure), so
+/// the loss is always told. Placeholders (unfinished frames, never
+/// acknowledged) carry the segment's opening time instead, which is never
+/// this value.
+pub(crate) const GAP_MS: u64 = u64::MAX;
+
+/// Whether a frame with this meta word and time word is a gap marker.
+#[inline]
+pub(crate) fn is_gap_marker(meta_word: u64, ms: u64) -> bool {
+    (meta_word >> 32) as u32 == RESERVED_STREAM && ms == GAP_MS
+}
+
 /// `stream << 32 | check`.
 pub(crate) fn meta(stream: u32, check: u32) -> u64 {
     u64::from(stream) << 32 | u64::from(check)

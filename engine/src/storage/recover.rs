@@ -37,11 +37,18 @@
 //!   is rewound to the last readable frame and the words after it are
 //!   zeroed (so no stale mark or table entry of the same stamp survives to
 //!   be read), and their numbers are handed out again;
-//! - a damaged frame is never delivered, and no number it or a later frame
-//!   had is reused: in a sealed segment, that segment and every older one
-//!   are dropped (readers of what they held get a `gap`); in the head, the
-//!   head is emptied and restarts after the last claimed number, alone
-//!   (older segments dropped, `gap`).
+//! - a damaged frame becomes a *gap marker*: a frame on the reserved stream
+//!   whose time word is `GAP_MS`. It is never delivered; every reader that
+//!   reaches it, on any stream, reports a gap at its number (`Lagged`) and
+//!   moves past it; its number is never handed out again (in the head it
+//!   counts as readable, so the claims restart after it); the frames
+//!   before and after it are kept. A later recovery proves the marker like
+//!   any frame (its check is the CRC of its zero payload);
+//! - only when the holes cannot be laid out again (claims that do not fit
+//!   the segment) is the damage structural: in a sealed segment, that
+//!   segment and every older one are dropped (readers of what they held get
+//!   a `gap`); in the head, the head is emptied and restarts after the last
+//!   claimed number, alone.
 //!
 //! A session whose segments overlap another's, or whose head is sealed with
 //! no successor, cannot be proven and is not restored.
@@ -63,7 +70,7 @@ use std::collections::HashMap;
 
 use super::layout::{
     frame_words, mark, mark_len, meta, table_entry, table_offset, SegRef, SegmentHeader, State,
-    FRAME_HEADER_WORDS, HEADER_WORDS, MAX_COUNT, WORD_BYTES,
+    FRAME_HEADER_WORDS, GAP_MS, HEADER_WORDS, MAX_COUNT, RESERVED_STREAM, WORD_BYTES,
 };
 use super::pool::Pool;
 use super::window::{Owner, Window};
@@ -109,8 +116,12 @@ struct Prefix {
     bytes: u64,
     /// Word offset right after the last readable frame.
     end: usize,
-    /// Whether a frame had a mark but failed its check (damage), not just
-    /// an unfinished write.
+    /// Damaged frames (a mark, but a failed check) turned into gap
+    /// markers.
+    gaps: u32,
+    /// Whether the segment's frames could not be laid out again (a damaged
+    /// frame whose room cannot be known): the caller drops the segment and
+    /// everything older.
     damaged: bool,
 }
 
@@ -281,6 +292,7 @@ fn restore(
             continue;
         };
         let p = prove(pool, c, count, i < head_i);
+        out.damaged_frames += u64::from(p.gaps);
         if p.damaged {
             out.damaged_frames += u64::from(count - p.valid);
             if i < head_i {
@@ -329,13 +341,23 @@ fn claimed(pool: &Pool, c: &Candidate) -> Option<u32> {
     }
 }
 
-/// Classifies the first `count` frames of `c` and, unless one is damaged,
-/// turns every unfinished frame that has a readable frame after it (and, in
-/// a `sealed` segment, every unfinished frame) into a placeholder: a frame
-/// on the reserved stream `u32::MAX` with a zero payload, which no reader
-/// of a real stream ever delivers. So a writer killed while copying, while
-/// other writers of the session went on, leaves a number that is skipped,
-/// not a hole that stalls every reader behind it.
+/// Classifies the first `count` frames of `c` and fills the holes between
+/// readable frames, so no reader stalls behind a hole and none is silent
+/// about a loss:
+///
+/// - an *unfinished* frame (no mark: its `append` never returned) that has
+///   a readable frame after it, or any in a `sealed` segment, becomes a
+///   placeholder: a frame on the reserved stream with a zero payload, which
+///   no reader of a real stream delivers — its number is skipped, and
+///   nothing acknowledged was lost;
+/// - a *damaged* frame (a mark, so maybe acknowledged and delivered, but a
+///   failed check) becomes a gap marker: every reader that reaches it
+///   reports a gap at its number, and its number is never handed out
+///   again. The frames around it are kept.
+///
+/// Unfinished frames after the last readable one of an open head are left
+/// for the caller to drop. Only when the holes' room cannot be laid out
+/// again (the claims do not fit the segment) is the result `damaged`.
 fn prove(pool: &Pool, c: &Candidate, count: u32, sealed: bool) -> Prefix {
     let segment = pool.segment(c.seg.unit, c.class);
     let stamp = c.seg.stamp;
@@ -374,37 +396,22 @@ fn prove(pool: &Pool, c: &Candidate, count: u32, sealed: bool) -> Prefix {
         found.push(Found::Proven { off, end, len });
         low = end;
     }
-    let damaged = found.iter().any(|f| matches!(f, Found::Damaged));
-    let last_proven = found
+    let last_readable = found
         .iter()
-        .rposition(|f| matches!(f, Found::Proven { .. }));
+        .rposition(|f| matches!(f, Found::Proven { .. } | Found::Damaged));
     let valid = if sealed {
         count as usize
     } else {
-        last_proven.map_or(0, |i| i + 1)
+        last_readable.map_or(0, |i| i + 1)
     };
     let mut p = Prefix {
         valid: 0,
         events: 0,
         bytes: 0,
         end: HEADER_WORDS,
-        damaged,
+        gaps: 0,
+        damaged: false,
     };
-    if damaged {
-        // The caller drops what the damage touches; count what precedes it.
-        for f in &found {
-            match *f {
-                Found::Proven { end, len, .. } => {
-                    p.valid += 1;
-                    p.events += 1;
-                    p.bytes += u64::from(len);
-                    p.end = end;
-                }
-                _ => break,
-            }
-        }
-        return p;
-    }
     let mut i = 0;
     while i < valid {
         if let Found::Proven { end, len, .. } = found[i] {
@@ -414,8 +421,8 @@ fn prove(pool: &Pool, c: &Candidate, count: u32, sealed: bool) -> Prefix {
             i += 1;
             continue;
         }
-        // A run of unfinished frames i..j, then a proven one at `limit` (or
-        // the end of a sealed segment).
+        // A run of lost frames i..j, then a proven one at `limit` (or the
+        // end of the segment's readable part).
         let j = (i..valid)
             .find(|&k| matches!(found[k], Found::Proven { .. }))
             .unwrap_or(valid);
@@ -428,7 +435,7 @@ fn prove(pool: &Pool, c: &Candidate, count: u32, sealed: bool) -> Prefix {
             p.damaged = true;
             return p;
         }
-        // The first placeholder takes the room the others leave.
+        // The first filler takes the room the others leave.
         let mut at = p.end;
         for k in i..j {
             let words = if k == i {
@@ -436,7 +443,13 @@ fn prove(pool: &Pool, c: &Candidate, count: u32, sealed: bool) -> Prefix {
             } else {
                 FRAME_HEADER_WORDS
             };
-            placeholder(segment, stamp, k, at, words, c.header.opened_ms);
+            let ms = if matches!(found[k], Found::Damaged) {
+                p.gaps += 1;
+                GAP_MS
+            } else {
+                c.header.opened_ms
+            };
+            placeholder(segment, stamp, k, at, words, ms);
             at += words;
         }
         p.end = at;
@@ -446,7 +459,10 @@ fn prove(pool: &Pool, c: &Candidate, count: u32, sealed: bool) -> Prefix {
     p
 }
 
-/// Writes a placeholder frame `index` of `words` words at word `at`.
+/// Writes a frame on the reserved stream with a zero payload, `index` of
+/// `words` words at word `at`: a placeholder, or with `ms` =
+/// [`GAP_MS`] a gap marker. Its check is the CRC of its zero payload, so a
+/// later recovery proves it like any frame.
 fn placeholder(segment: &[AtomicU64], stamp: u32, index: usize, at: usize, words: usize, ms: u64) {
     let len = (words - FRAME_HEADER_WORDS) * WORD_BYTES;
     for w in &segment[at + FRAME_HEADER_WORDS..at + words] {
@@ -454,16 +470,13 @@ fn placeholder(segment: &[AtomicU64], stamp: u32, index: usize, at: usize, words
     }
     let zeros = vec![0u8; len];
     segment[at + 1].store(
-        meta(PLACEHOLDER_STREAM, crc32fast::hash(&zeros)),
+        meta(RESERVED_STREAM, crc32fast::hash(&zeros)),
         Ordering::Relaxed,
     );
     segment[at + 2].store(ms, Ordering::Relaxed);
     segment[segment.len() - 1 - index].store(table_entry(stamp, at as u32), Ordering::Relaxed);
     segment[at].store(mark(stamp, len as u32), Ordering::Relaxed);
 }
-
-/// The stream of placeholder frames: the one no append may name.
-const PLACEHOLDER_STREAM: u32 = u32::MAX;
 
 /// Rewinds the head `c` to its valid prefix: state, and zeroed words where
 /// the unfinished frames and their table entries were.

@@ -7,8 +7,8 @@
 //! orderings; this file is its implementation.
 
 use super::layout::{
-    fits, frame_words, mark, mark_len, meta, table_entry, table_offset, SegRef, SegmentHeader,
-    State, CLOSED, FRAME_HEADER_WORDS, HEADER_WORDS, WORD_BYTES,
+    fits, frame_words, is_gap_marker, mark, mark_len, meta, table_entry, table_offset, SegRef,
+    SegmentHeader, State, CLOSED, FRAME_HEADER_WORDS, HEADER_WORDS, RESERVED_STREAM, WORD_BYTES,
 };
 use super::pool::Pool;
 use crate::sync::{fence, AtomicU32, AtomicU64, Ordering, Spin};
@@ -867,6 +867,20 @@ impl Window {
             let meta_word = segment[offset as usize + 1].load(Ordering::Relaxed);
             let appended_ms = segment[offset as usize + 2].load(Ordering::Relaxed);
             let frame_stream = (meta_word >> 32) as u32;
+            if is_gap_marker(meta_word, appended_ms) {
+                // Recovery found this frame damaged: its event is lost to
+                // every reader, which must be told. The reader moves past
+                // it, so a `skip_gap` goes on after it.
+                fence(Ordering::Acquire);
+                if pool.stamp_now(pos.seg.unit, Ordering::Relaxed) != pos.seg.stamp {
+                    return self.lost(cursor);
+                }
+                let missing = cursor.seq;
+                cursor.seq += 1;
+                pos.offset = end as u32;
+                cursor.at = Some(pos);
+                return Read::Lagged { missing };
+            }
             let wanted = stream.is_none_or(|s| s == frame_stream);
             if wanted {
                 copy_out(&segment[start..end], len, buf);
@@ -1263,6 +1277,11 @@ fn read_placed(
             return None;
         }
         let frame_stream = (segment[at + 1].load(Ordering::Relaxed) >> 32) as u32;
+        if frame_stream == RESERVED_STREAM {
+            // A placeholder or a gap marker (recovery's): the general
+            // path tells them apart.
+            return None;
+        }
         let appended_ms = segment[at + 2].load(Ordering::Relaxed);
         let wanted = stream.is_none_or(|s| s == frame_stream);
         if wanted {
@@ -1331,9 +1350,13 @@ fn run_placed(
         if end > segment.len() - (index + 1) {
             break;
         }
-        if (segment[at + 1].load(Ordering::Relaxed) >> 32) as u32 == stream {
+        let frame_stream = (segment[at + 1].load(Ordering::Relaxed) >> 32) as u32;
+        if frame_stream == stream {
             copy_out(&segment[start..end], len, buf);
             ends.push((next, buf.len() as u32));
+        } else if frame_stream == RESERVED_STREAM {
+            // Possibly a gap marker: the general path reports it.
+            break;
         }
         next += 1;
         at = end;
