@@ -17,7 +17,11 @@
 #   COMPARE_SMOKE=1        a quick run: 2s cases, the 2,000-session storm kept
 #   COMPARE_PEERS="rewind rmcp-builtin rmcp-shared-store bare-hyper ts python"
 #                          (also `rewind-peer`: `rewind serve` with the reference
-#                          tool sending through rmcp's `ctx.peer`, not its sink)
+#                          tool sending through rmcp's `ctx.peer`, not its sink;
+#                          and `rewind-16ev`: `rewind serve --session-events 16
+#                          --max-segment-bytes 4096`, retention equal to rmcp's
+#                          built-in cache of 16 events per stream, for a
+#                          like-for-like memory comparison)
 #   COMPARE_CASES="throughput-1 ..."   only these cases (names as in CASES below)
 #   COMPARE_OUT=DIR        where results go [default: target/compare/<time>]
 #   COMPARE_EXTRA_CASE="name|profile|sessions|flags"  one more case (see idle-sessions.sh)
@@ -107,11 +111,18 @@ start_server() { # PEER -> sets SERVER_PID, URL
     URL="http://127.0.0.1:$port/mcp"
     # Each branch execs, so $! is the server's own pid (for --server-pid).
     case $peer in
-    rewind | rewind-peer)
-        local admin
+    rewind | rewind-peer | rewind-16ev)
+        local admin retention=()
         admin=$(free_port)
+        # rmcp's built-in cache keeps 16 events per request stream; one call
+        # runs per session at a time here, so 16 events per session is the
+        # same retention. Rewind keeps at least that many and at most one
+        # segment more, and a streaming session's segments grow to
+        # --max-segment-bytes (64 KiB, some 300 events, by default): 4 KiB
+        # segments hold about 16 of these events, so the one more is small.
+        [ "$peer" != rewind-16ev ] || retention=(--session-events 16 --max-segment-bytes 4096)
         # shellcheck disable=SC2086 # several flags
-        exec "$BIN" serve --listen "127.0.0.1:$port" --admin-listen "127.0.0.1:$admin" ${REWIND_SERVE_FLAGS:-} ;;
+        exec "$BIN" serve --listen "127.0.0.1:$port" --admin-listen "127.0.0.1:$admin" "${retention[@]}" ${REWIND_SERVE_FLAGS:-} ;;
     rmcp-builtin) exec "$PEER_BIN/rmcp-builtin" "127.0.0.1:$port" ;;
     rmcp-shared-store) exec "$PEER_BIN/rmcp-shared-store" "127.0.0.1:$port" ;;
     bare-hyper) exec "$PEER_BIN/bare-hyper" "127.0.0.1:$port" ;;

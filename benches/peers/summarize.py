@@ -25,8 +25,14 @@ def load(peer, case):
         return None
 
 
+def owner(name):
+    # The longest peer name that prefixes the file: `rewind-peer-x.json` is
+    # rewind-peer's case x, not rewind's case `peer-x`.
+    return max((p for p in peers if name.startswith(p + "-")), key=len, default=None)
+
+
 cases = sorted(
-    {name[len(p) + 1 : -5] for name in os.listdir(out_dir) for p in peers if name.startswith(p + "-") and name.endswith(".json")},
+    {name[len(p) + 1 : -5] for name in os.listdir(out_dir) if name.endswith(".json") for p in [owner(name)] if p},
     key=lambda c: (c.split("-")[0], "paced" in c, int(c.split("-")[-1]) if c.split("-")[-1].isdigit() else 0),
 )
 

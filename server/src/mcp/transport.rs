@@ -18,19 +18,19 @@ use rmcp::service::RoleServer;
 use rmcp::transport::Transport;
 use tokio::sync::mpsc;
 
-use super::session::McpSession;
+use super::session::{Inbound, McpSession};
 
 /// rmcp's side of a session.
 #[derive(Debug)]
 pub(crate) struct SessionTransport {
     session: Arc<McpSession>,
-    inbound: mpsc::Receiver<ClientJsonRpcMessage>,
+    inbound: mpsc::Receiver<Inbound>,
 }
 
 impl SessionTransport {
     pub(crate) fn new(
         session: Arc<McpSession>,
-        inbound: mpsc::Receiver<ClientJsonRpcMessage>,
+        inbound: mpsc::Receiver<Inbound>,
     ) -> SessionTransport {
         SessionTransport { session, inbound }
     }
@@ -49,8 +49,8 @@ impl Transport<RoleServer> for SessionTransport {
         std::future::ready(Ok(()))
     }
 
-    fn receive(&mut self) -> impl Future<Output = Option<ClientJsonRpcMessage>> + Send {
-        self.inbound.recv()
+    async fn receive(&mut self) -> Option<ClientJsonRpcMessage> {
+        self.inbound.recv().await.map(|m| *m)
     }
 
     async fn close(&mut self) -> Result<(), Self::Error> {

@@ -29,8 +29,10 @@ pub mod resources;
 pub mod tools;
 
 use std::collections::BTreeSet;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
+use rmcp::handler::server::router::prompt::PromptRouter;
+use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::model::{
     CompleteRequestParams, CompleteResult, CompletionInfo, Implementation,
     ListResourceTemplatesResult, ListResourcesResult, LoggingLevel, PaginatedRequestParams,
@@ -87,14 +89,30 @@ impl ReferenceServer {
         }
     }
 
+    /// The tools, built once for the process. `#[tool_handler]` would
+    /// otherwise call `Self::tool_router()` on every `tools/call` and
+    /// `tools/list`: a hash map and every tool's JSON schema (about 10 KiB)
+    /// built and dropped per call, which under load is peak heap and
+    /// allocator churn for nothing, since the tools never change.
+    fn tools() -> &'static ToolRouter<ReferenceServer> {
+        static TOOLS: OnceLock<ToolRouter<ReferenceServer>> = OnceLock::new();
+        TOOLS.get_or_init(ReferenceServer::tool_router)
+    }
+
+    /// The prompts, built once for the process (as [`Self::tools`]).
+    fn prompts() -> &'static PromptRouter<ReferenceServer> {
+        static PROMPTS: OnceLock<PromptRouter<ReferenceServer>> = OnceLock::new();
+        PROMPTS.get_or_init(ReferenceServer::prompt_router)
+    }
+
     fn state(&self) -> MutexGuard<'_, SessionState> {
         // Plain values; a panic elsewhere cannot leave them half-written.
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 
-#[tool_handler]
-#[prompt_handler]
+#[tool_handler(router = Self::tools())]
+#[prompt_handler(router = Self::prompts())]
 impl ServerHandler for ReferenceServer {
     fn get_info(&self) -> ServerConfig {
         ServerConfig::new(

@@ -318,7 +318,12 @@ fn build_engine(config: &PolicyHostConfig) -> Result<Engine, HostError> {
         .cranelift_opt_level(OptLevel::Speed)
         .consume_fuel(true)
         .epoch_interruption(true)
-        .max_wasm_stack(config.max_wasm_stack_bytes);
+        .max_wasm_stack(config.max_wasm_stack_bytes)
+        // A policy is a few functions: compiling them on one thread takes
+        // no longer, and parallel compilation would start a rayon pool
+        // (one thread per core, each with its stack and malloc arena)
+        // that then idles for the life of the process.
+        .parallel_compilation(false);
     if let Some(dir) = &config.compilation_cache_dir {
         let mut cache = CacheConfig::new();
         cache.with_directory(dir);
