@@ -336,3 +336,77 @@ async fn shutdown_ends_open_streams() {
     call.read_to_end().await;
     assert!(standalone.ended && call.ended);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resume_whose_cursor_fell_out_of_the_window_gets_a_gap_then_the_rest_of_its_call() {
+    // A small window (8 events, 4 KiB segments): a call of 1000
+    // notifications, one a millisecond, runs on while its client is cut, so the client's
+    // cursor falls out of the window. The resume must say so (`gap`) and
+    // go on with the call's own stream — the events still held, then live
+    // ones, then the result — not switch the client to the standalone
+    // stream, where its result would never come.
+    let mut config = Config::default();
+    config.session_events = 8;
+    config.session_bytes = 2048;
+    config.max_segment_bytes = 4096;
+    let server = start(config, McpOptions::default()).await;
+    let sid = server.initialize().await;
+    let mut call = server.progress_stream(&sid, 7, 1000, 1, "cut").await;
+    let seen = call.until(|e| e.progress() == Some(2.0)).await;
+    let last_id = seen.last().unwrap().id.clone().unwrap();
+    drop(call);
+    let facts = || {
+        server.mcp.engine().facts(rewind_engine::ResumeRequest {
+            session_id: Some(&sid),
+            last_event_id: Some(&last_id),
+            principal: None,
+        })
+    };
+    let mut out_of_window = false;
+    for _ in 0..500 {
+        if facts().cursor_fact() == Some(rewind_engine::CursorFact::BeforeWindow) {
+            out_of_window = true;
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    assert!(
+        out_of_window,
+        "the cursor never left the window: {:?}",
+        facts()
+    );
+
+    let resp = server.send(server.get(Some(&sid), Some(&last_id))).await;
+    assert_eq!(resp.status(), 200);
+    let events = SseBody::new(resp).read_to_end().await;
+    let first = events
+        .iter()
+        .find(|e| e.event.is_some() || e.data.is_some());
+    assert_eq!(
+        first.and_then(|e| e.event.as_deref()),
+        Some("gap"),
+        "{events:?}"
+    );
+    // Every event after the gap is the call's: progress only grows, a
+    // skip is always announced by a gap, and the result comes exactly once,
+    // last.
+    let mut last = 2.0;
+    let mut gap_seen = false;
+    let mut results = 0;
+    for e in &events {
+        if e.event.as_deref() == Some("gap") {
+            gap_seen = true;
+        } else if let Some(p) = e.progress() {
+            assert!(p > last, "progress {p} after {last}");
+            assert!(p == last + 1.0 || gap_seen, "{last} → {p} without a gap");
+            last = p;
+            gap_seen = false;
+        } else if e.data.as_deref().is_some_and(|d| !d.is_empty()) {
+            assert!(e.is_response_to(7), "an event of another stream: {e:?}");
+            results += 1;
+        }
+    }
+    assert_eq!(results, 1, "{events:?}");
+    assert!(events.last().unwrap().is_response_to(7));
+    assert!(last > 2.0, "nothing of the call after the gap");
+}

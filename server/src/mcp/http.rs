@@ -17,7 +17,7 @@ use axum::routing::post;
 use bytes::Bytes;
 use http::header::{ACCEPT, ALLOW, CACHE_CONTROL, CONTENT_TYPE, HOST, ORIGIN};
 use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode};
-use rewind_engine::{ResumeAction, ResumeRequest, SessionId};
+use rewind_engine::{EventId, ResumeAction, ResumeRequest, SessionId, SignalKind};
 use rmcp::model::{ClientJsonRpcMessage, ClientNotification, ClientRequest};
 use serde::de::IgnoredAny;
 use tokio::sync::mpsc;
@@ -757,6 +757,46 @@ async fn handle_get(State(mcp): State<RewindMcp>, req: Request) -> Response {
                 return with_access(not_found(), access);
             };
             access.session = Some(session.tag());
+            // A `gap` on a call's stream goes on with that stream: the
+            // events after the cursor that were released are lost (the
+            // signal says so), the ones still held and the call's result
+            // are not. Answering with the standalone stream instead would
+            // leave the client on a stream its call never writes to, and
+            // the result would never arrive.
+            let cursor = signal
+                .as_ref()
+                .filter(|s| s.kind == SignalKind::Gap)
+                .and_then(|s| s.cursor.map(|c| (c, s.oldest)))
+                .filter(|(c, _)| c.stream != STANDALONE);
+            if let Some((cursor, oldest)) = cursor {
+                // From the oldest event still held (or, with none held,
+                // from what comes next).
+                let replay = oldest
+                    .and_then(|o| {
+                        let after = EventId {
+                            seq: o.seq.saturating_sub(1),
+                            ..cursor
+                        };
+                        handle.subscribe_from(cursor.stream, after)
+                    })
+                    .unwrap_or_else(|| handle.subscribe(cursor.stream));
+                access.stream = Some(replay.stream());
+                session.close_readers(replay.stream());
+                let opening = signal
+                    .iter()
+                    .map(|s| signal_frame(s, retry))
+                    .chain([priming_frame(replay.position(), retry)])
+                    .collect();
+                let reader = SseReader::new(
+                    replay,
+                    session,
+                    opening,
+                    stops(&mcp, false),
+                    mcp.inner.metrics.clone(),
+                    true,
+                );
+                return with_access(sse_response(reader, None), access);
+            }
             access.stream = Some(STANDALONE);
             let replay = session.standalone_replay();
             let mut opening = Vec::with_capacity(2);
