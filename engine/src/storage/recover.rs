@@ -437,13 +437,13 @@ fn prove(pool: &Pool, c: &Candidate, count: u32, sealed: bool) -> Prefix {
         }
         // The first filler takes the room the others leave.
         let mut at = p.end;
-        for k in i..j {
+        for (k, lost) in found.iter().enumerate().take(j).skip(i) {
             let words = if k == i {
                 limit - at - (n - 1) * FRAME_HEADER_WORDS
             } else {
                 FRAME_HEADER_WORDS
             };
-            let ms = if matches!(found[k], Found::Damaged) {
+            let ms = if matches!(lost, Found::Damaged) {
                 p.gaps += 1;
                 GAP_MS
             } else {
