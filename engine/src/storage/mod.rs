@@ -58,7 +58,11 @@
 //! from the head along the back links, or forward from the oldest along
 //! the seals' links; chains are short), then `table[index]` gives the
 //! frame's offset in O(1); a sequential reader just adds the frame's
-//! length.
+//! length. A resume asks for the high-water mark, the oldest retained
+//! number and the cursor's place at once (`Window::place`): one pass reads
+//! the head's header and state and the oldest segment's header once each,
+//! and leaves the reader after the cursor's frame with its offset and the
+//! segment's claims known, so its first read needs no state load.
 //!
 //! Cost of a read, no RMW and no store to shared memory in any case: a
 //! placed reader loads the segment's state word only when it passes the
