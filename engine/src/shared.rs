@@ -172,12 +172,14 @@ impl Shared {
         let sync_each_append = config.sync == SyncPolicy::EveryAppend;
         let opened =
             crate::durable::open(&dir, shape, sync_each_append).map_err(ConfigError::DataDir)?;
+        // From the header page's last word: the allocation mark, then the
+        // pool's words.
         let backing = crate::storage::backing::Backing::mapped(
             opened.map,
-            crate::durable::header::HEADER_BYTES,
-            shape.total_words(),
+            crate::durable::header::MARK_OFFSET,
+            shape.total_words() + 1,
         );
-        let pool = Pool::over(backing, shape);
+        let pool = Pool::over_marked(backing, shape);
         let journaled: Vec<_> = opened.live.into_values().collect();
         let owners: Vec<_> = journaled
             .iter()
@@ -200,6 +202,7 @@ impl Shared {
             dropped_segments: recovery.dropped_segments,
             unverified_headers: recovery.unverified_headers,
             torn_records: opened.torn_records,
+            scanned_units: recovery.scanned_units,
             ..RecoveryReport::default()
         };
         let durable = Durable {

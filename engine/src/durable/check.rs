@@ -8,7 +8,7 @@ use std::fmt;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 
-use super::header::HEADER_BYTES;
+use super::header::{HEADER_BYTES, MARK_OFFSET};
 use super::{journal, DataDirError, JOURNAL_FILE, POOL_FILE};
 use crate::storage::backing::Backing;
 use crate::storage::{recover, Owner, Pool, PoolShape};
@@ -187,8 +187,8 @@ pub fn check(dir: &Path) -> Result<CheckReport, DataDirError> {
             epoch: j.epoch,
         })
         .collect();
-    let pool = Pool::over(
-        Backing::mapped(map, HEADER_BYTES, shape.total_words()),
+    let pool = Pool::over_marked(
+        Backing::mapped(map, MARK_OFFSET, shape.total_words() + 1),
         shape,
     );
     let recovery = recover::recover(&pool, &owners);

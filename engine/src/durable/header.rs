@@ -15,11 +15,21 @@ use crate::storage::PoolShape;
 
 /// The first eight bytes of every pool file.
 pub(crate) const MAGIC: [u8; 8] = *b"RWNDPOOL";
-/// The format this build writes and reads (2: segment headers carry a
-/// check bound to their allocation).
-pub(crate) const VERSION: u32 = 2;
+/// The format this build writes (3: the header page ends with the pool's
+/// allocation mark; 2: segment headers carry a check bound to their
+/// allocation).
+pub(crate) const VERSION: u32 = 3;
+/// The oldest format this build reads: a version-2 file has no allocation
+/// mark (its word is 0, "unknown"), so its recovery reads every unit, and
+/// it stays version 2, so the builds that made it can still open it. A
+/// version-3 file is refused by those builds: they would allocate below
+/// the mark without lowering it.
+pub(crate) const OLDEST_READABLE: u32 = 2;
 /// Bytes before the pool's words: one page.
 pub(crate) const HEADER_BYTES: usize = 4096;
+/// Where the allocation mark sits: the header page's last word, right
+/// before the pool's words (see `Pool::over_marked`).
+pub(crate) const MARK_OFFSET: usize = HEADER_BYTES - 8;
 /// Where the second copy starts.
 const SECOND_COPY: usize = HEADER_BYTES / 2;
 

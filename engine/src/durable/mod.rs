@@ -36,7 +36,7 @@ pub use check::{check, CheckReport};
 pub use error::DataDirError;
 
 use crate::storage::PoolShape;
-use header::{FileHeader, HEADER_BYTES, VERSION};
+use header::{FileHeader, HEADER_BYTES, MARK_OFFSET, OLDEST_READABLE, VERSION};
 use journal::{Journal, Journaled};
 
 /// Epochs of boot `n` start at `n << EPOCH_SHIFT`: a boot can open 2^40
@@ -65,8 +65,10 @@ pub struct RecoveryReport {
     pub events: u64,
     /// Payload bytes of those events.
     pub bytes: u64,
-    /// Frames dropped: their mark was there but their checksum failed, or
-    /// they sat behind such a frame (damage; readers get a `gap`).
+    /// Frames found damaged: their mark was there but their checksum
+    /// failed. Each is replaced by a gap marker (readers get a `gap` at its
+    /// number), or, where the segment's frames could not be laid out
+    /// again, dropped with its segment and the older ones.
     pub damaged_frames: u64,
     /// Segments that were dropped: unreachable from a journaled session,
     /// or behind damage.
@@ -77,6 +79,10 @@ pub struct RecoveryReport {
     pub unverified_headers: u64,
     /// Journal records skipped as torn or damaged.
     pub torn_records: usize,
+    /// Pool units whose stamps recovery read: those at and above the
+    /// pool's allocation mark, i.e. the most the pool ever held, not its
+    /// configured size (every unit for a pool file made before the mark).
+    pub scanned_units: u64,
     /// Milliseconds recovery took.
     pub ms: u64,
 }
@@ -259,7 +265,8 @@ pub(crate) fn read_header(path: &Path, map: &[u8]) -> Result<(FileHeader, usize)
             path: path.to_owned(),
         },
     })?;
-    if h.version != VERSION || h.header_bytes as usize != HEADER_BYTES {
+    if !(OLDEST_READABLE..=VERSION).contains(&h.version) || h.header_bytes as usize != HEADER_BYTES
+    {
         return Err(DataDirError::Version {
             path: path.to_owned(),
             found: h.version,
@@ -297,6 +304,8 @@ fn create_pool(path: &Path, shape: PoolShape) -> Result<(), DataDirError> {
         .map_err(io("allocate"))?;
     let mut page = vec![0u8; HEADER_BYTES];
     FileHeader::new(shape, unix_ms()).write(&mut page, 0);
+    // Nothing allocated yet: the allocation mark is past the last unit.
+    page[MARK_OFFSET..].copy_from_slice(&u64::from(shape.units).to_le_bytes());
     use std::io::Write;
     file.write_all(&page).map_err(io("write header"))?;
     file.sync_all().map_err(io("fsync"))?;

@@ -32,7 +32,7 @@ use crossbeam_utils::CachePadded;
 use super::backing::Backing;
 use super::freelist::FreeList;
 use super::layout::{SegRef, HEADER_WORDS};
-use crate::sync::{fence, AtomicU64, Ordering};
+use crate::sync::{fence, AtomicU32, AtomicU64, Ordering};
 
 /// The shape of a pool.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -84,6 +84,15 @@ pub(crate) struct Pool {
     /// Units on the free lists (or being moved between them).
     free_units: AtomicU64,
     data_base: usize,
+    /// Where the pool's own words start in the backing: 1 when the word
+    /// before them is the allocation mark (a durable pool), else 0.
+    words_at: usize,
+    /// Units `0..untouched` are free, never written, and on no free list:
+    /// a recovered pool's part below its allocation mark, handed out as
+    /// top-class blocks from its upper end once the free lists are empty
+    /// (so a restart does not touch a page of it). 0 for a new pool, whose
+    /// units all start on the free lists.
+    untouched: AtomicU32,
 }
 
 impl std::fmt::Debug for Pool {
@@ -106,8 +115,23 @@ impl Pool {
     /// A pool over `backing` (zeroed or recovered); its free lists start
     /// empty.
     pub(crate) fn over(backing: Backing, shape: PoolShape) -> Pool {
+        Pool::with_words_at(backing, shape, 0)
+    }
+
+    /// A pool over `backing` whose first word is the *allocation mark*
+    /// and whose pool words follow it (a durable pool: the mark is the
+    /// last word of the file's header page). The mark is the lowest unit
+    /// ever allocated from the file (`units` for a new file; 0, "unknown",
+    /// for a file made before the mark existed). Allocation takes the
+    /// pool's highest free block first, so the units at and above the
+    /// mark are the most the pool ever held, and recovery reads only them.
+    pub(crate) fn over_marked(backing: Backing, shape: PoolShape) -> Pool {
+        Pool::with_words_at(backing, shape, 1)
+    }
+
+    fn with_words_at(backing: Backing, shape: PoolShape, words_at: usize) -> Pool {
         assert!(shape.unit_words.is_power_of_two() && shape.unit_words >= 2 * HEADER_WORDS);
-        assert!(backing.words().len() >= shape.total_words());
+        assert!(backing.words().len() >= words_at + shape.total_words());
         Pool {
             backing,
             shape,
@@ -116,7 +140,30 @@ impl Pool {
                 .collect(),
             free_units: AtomicU64::new(0),
             data_base: 2 * shape.units as usize,
+            words_at,
+            untouched: AtomicU32::new(0),
         }
+    }
+
+    /// The pool's own words.
+    #[inline]
+    fn words(&self) -> &[AtomicU64] {
+        &self.backing.words()[self.words_at..]
+    }
+
+    /// The allocation mark's word, for a pool that has one.
+    fn mark_word(&self) -> Option<&AtomicU64> {
+        (self.words_at == 1).then(|| &self.backing.words()[0])
+    }
+
+    /// The lowest unit that may have been allocated: below it every unit
+    /// is free and was never written (0 when the pool has no mark, or the
+    /// mark is unknown).
+    pub(crate) fn allocation_mark(&self) -> u32 {
+        self.mark_word().map_or(0, |m| {
+            u32::try_from(m.load(Ordering::Relaxed))
+                .map_or(self.shape.units, |v| v.min(self.shape.units))
+        })
     }
 
     /// Puts every unit on the free lists, as buddy-aligned blocks of the
@@ -137,23 +184,34 @@ impl Pool {
     /// durable pool). A unit left with an odd stamp (owned when the process
     /// died, and not recovered) gets the even stamp of a free unit first,
     /// so no later recovery mistakes its stale header for a live segment.
-    pub(crate) fn free_unused(&self, used: &[bool]) {
+    ///
+    /// Units below `untouched_below` were never allocated (the allocation
+    /// mark): they are not looked at, not pushed, and so not touched — they
+    /// become the untouched region that `take` carves top-class blocks from
+    /// — so this costs time for the part of the pool that was ever used.
+    pub(crate) fn free_unused(&self, used: &[bool], untouched_below: u32) {
         let units = self.shape.units as usize;
         assert_eq!(used.len(), units);
-        let mut before = Vec::with_capacity(units + 1);
+        let top = 1usize << self.shape.top_class;
+        let low = untouched_below as usize / top * top;
+        // Below `low`: whole top-class blocks, never written; `take` carves
+        // them when the lists run dry.
+        self.free_units.fetch_add(low as u64, Ordering::Relaxed);
+        self.untouched.store(low as u32, Ordering::Relaxed);
+        let mut unit = low;
+        let mut before = Vec::with_capacity(units - low + 1);
         before.push(0u32);
-        for (unit, &u) in used.iter().enumerate() {
-            before.push(before[unit] + u32::from(u));
+        for (i, &u) in used[low..].iter().enumerate() {
+            before.push(before[i] + u32::from(u));
             if !u {
-                let stamp = self.stamp(unit as u32);
+                let stamp = self.stamp((low + i) as u32);
                 let s = stamp.load(Ordering::Relaxed);
                 if s & 1 == 1 {
                     stamp.store(s.wrapping_add(1), Ordering::Relaxed);
                 }
             }
         }
-        let all_free = |from: usize, n: usize| before[from + n] == before[from];
-        let mut unit = 0usize;
+        let all_free = |from: usize, n: usize| before[from - low + n] == before[from - low];
         while unit < units {
             if used[unit] {
                 unit += 1;
@@ -198,7 +256,7 @@ impl Pool {
     /// The stamp word of `unit` (only its low 32 bits are used).
     #[inline]
     pub(crate) fn stamp(&self, unit: u32) -> &AtomicU64 {
-        &self.backing.words()[unit as usize]
+        &self.words()[unit as usize]
     }
 
     /// The current stamp of `unit`.
@@ -210,14 +268,14 @@ impl Pool {
     /// The state word of `unit`.
     #[inline]
     pub(crate) fn state(&self, unit: u32) -> &AtomicU64 {
-        &self.backing.words()[self.shape.units as usize + unit as usize]
+        &self.words()[self.shape.units as usize + unit as usize]
     }
 
     /// The words of the segment of `class` at `unit`.
     #[inline]
     pub(crate) fn segment(&self, unit: u32, class: u8) -> &[AtomicU64] {
         let start = self.data_base + unit as usize * self.shape.unit_words;
-        &self.backing.words()[start..start + self.shape.class_words(class)]
+        &self.words()[start..start + self.shape.class_words(class)]
     }
 
     /// Whether `unit` can start a segment of `class` in this pool.
@@ -236,6 +294,16 @@ impl Pool {
             self.coalesce();
             self.take(class)
         })?;
+        if let Some(mark) = self.mark_word() {
+            // Lowered before the unit is stamped, so no owned unit is ever
+            // below the mark. In the page cache at once (a process crash
+            // keeps it); on the device with the first sync that could
+            // carry the new segment (a frame that opens a segment syncs the
+            // whole mapping under `sync = every append`).
+            if u64::from(unit) < mark.load(Ordering::Relaxed) {
+                mark.fetch_min(u64::from(unit), Ordering::Relaxed);
+            }
+        }
         let stamp_word = self.stamp(unit);
         // Only the allocator touches a free unit's stamp: load + store.
         let stamp = (stamp_word.load(Ordering::Relaxed) as u32).wrapping_add(1) | 1;
@@ -253,13 +321,30 @@ impl Pool {
         if class > top {
             return None;
         }
-        let (unit, mut have) = (class..=top).find_map(|c| self.pop(c).map(|u| (u, c)))?;
+        let (unit, mut have) = (class..=top)
+            .find_map(|c| self.pop(c).map(|u| (u, c)))
+            .or_else(|| self.carve().map(|u| (u, top)))?;
         while have > class {
             have -= 1;
             // Keep the lower half, free the upper one.
             self.push(unit + (1 << have), have);
         }
         Some(unit)
+    }
+
+    /// A top-class block from the upper end of the untouched region, if
+    /// any is left.
+    fn carve(&self) -> Option<u32> {
+        let size = 1u32 << self.shape.top_class;
+        let end = self
+            .untouched
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |u| {
+                u.checked_sub(size)
+            })
+            .ok()?;
+        self.free_units
+            .fetch_sub(u64::from(size), Ordering::Relaxed);
+        Some(end - size)
     }
 
     /// Releases the segment `seg` of `class`. The caller guarantees no
@@ -273,7 +358,7 @@ impl Pool {
     }
 
     fn link(&self, unit: u32) -> &AtomicU64 {
-        &self.backing.words()[self.data_base + unit as usize * self.shape.unit_words]
+        &self.words()[self.data_base + unit as usize * self.shape.unit_words]
     }
 
     fn push(&self, unit: u32, class: u8) {
@@ -346,7 +431,8 @@ impl Pool {
     /// free buddies first if it would not).
     pub(crate) fn has_room_for(&self, class: u8) -> bool {
         let any = || (class..=self.shape.top_class).any(|c| !self.free[c as usize].is_empty());
-        any() || {
+        let untouched = || self.untouched.load(Ordering::Relaxed) >= 1 << self.shape.top_class;
+        any() || untouched() || {
             self.coalesce();
             any()
         }

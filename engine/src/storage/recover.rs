@@ -62,9 +62,14 @@
 //! fail so, while at least one names it, is not restored either: an empty
 //! window would hand out again the numbers its events had.
 //!
-//! Cost: one pass over the stamps (two words per unit, outside the data),
-//! the headers of owned segments, and the frames of the restored chains:
-//! proportional to the pool's unit count plus what is retained.
+//! Cost: one pass over the stamps (two words per unit, outside the data)
+//! of the units at and above the pool's allocation mark — the lowest unit
+//! ever allocated; allocation takes the highest free block first, so that
+//! is the most the pool ever held —, the headers of owned segments, and the
+//! frames of the restored chains; the units below the mark are neither
+//! read nor written (the pool hands them out later, block by block, once
+//! its free lists run dry). So recovery follows what the pool holds (at
+//! most what it ever held), not its configured size.
 
 use std::collections::HashMap;
 
@@ -84,6 +89,9 @@ pub(crate) struct Recovery {
     pub(crate) windows: Vec<Option<Window>>,
     /// Frames kept, over all windows.
     pub(crate) events: u64,
+    /// Units whose stamps were read: those at and above the pool's
+    /// allocation mark (all of them for a pool without one).
+    pub(crate) scanned_units: u64,
     /// Their payload bytes.
     pub(crate) bytes: u64,
     /// Frames with a mark that failed their check, plus the frames after
@@ -161,7 +169,10 @@ pub(crate) fn recover(pool: &Pool, owners: &[Owner]) -> Recovery {
     let mut owned = 0u64;
     let mut out = Recovery::default();
     let mut unverified_claims = std::collections::HashSet::new();
-    for unit in 0..units {
+    // Below the allocation mark no unit was ever allocated: nothing to read.
+    let from = pool.allocation_mark();
+    out.scanned_units = u64::from(units - from);
+    for unit in from..units {
         let stamp = pool.stamp_now(unit, Ordering::Relaxed);
         if stamp & 1 == 0 {
             continue;
@@ -199,7 +210,7 @@ pub(crate) fn recover(pool: &Pool, owners: &[Owner]) -> Recovery {
         out.windows.push(window);
     }
     out.dropped_segments = owned - kept;
-    pool.free_unused(&used);
+    pool.free_unused(&used, from);
     out
 }
 

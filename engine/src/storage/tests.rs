@@ -547,3 +547,48 @@ fn the_pool_never_hands_out_a_unit_twice_under_contention() {
         t.join().unwrap();
     }
 }
+
+#[test]
+fn a_recovered_pool_hands_out_its_untouched_part_after_its_lists_and_never_twice() {
+    // 64 units, top class 2 (4 units): as after a recovery whose mark was
+    // at unit 41 with units 50 and 51 in use, units 0..40 are the untouched
+    // region (41 rounded down to a block) and 40..64 minus the used ones go
+    // on the lists.
+    let shape = PoolShape {
+        units: 64,
+        unit_words: 16,
+        top_class: 2,
+    };
+    let p = Pool::over(backing::Backing::heap(shape.total_words()), shape);
+    let mut used = vec![false; 64];
+    used[50] = true;
+    used[51] = true;
+    p.free_unused(&used, 41);
+    assert_eq!(p.free_bytes(), 62 * 16 * 8, "every unit but the used two");
+    assert!(p.has_room_for(2));
+    let mut owner = [None; 64];
+    let mut order = Vec::new();
+    while let Some(seg) = p.alloc(0) {
+        let u = seg.unit as usize;
+        assert!(!used[u], "unit {u} is in use");
+        assert!(
+            owner[u].replace(seg.stamp).is_none(),
+            "unit {u} handed out twice"
+        );
+        order.push(u);
+    }
+    assert_eq!(order.len(), 62, "every free unit, once");
+    assert_eq!(p.free_bytes(), 0);
+    assert!(!p.has_room_for(0));
+    // The lists first (units 40 and up), then the untouched region from
+    // its top down.
+    let first_untouched = order.iter().position(|&u| u < 40).unwrap();
+    assert!(order[..first_untouched].iter().all(|&u| u >= 40));
+    assert_eq!(first_untouched, 22);
+    assert!(order[first_untouched..].iter().all(|&u| u < 40));
+    assert_eq!(
+        order[first_untouched] / 4,
+        9,
+        "the untouched region's top block first"
+    );
+}
