@@ -297,9 +297,9 @@ impl Pool {
         if let Some(mark) = self.mark_word() {
             // Lowered before the unit is stamped, so no owned unit is ever
             // below the mark. In the page cache at once (a process crash
-            // keeps it); on the device with the first sync that could
-            // carry the new segment (a frame that opens a segment syncs the
-            // whole mapping under `sync = every append`).
+            // keeps it); on the device with the next sync of the mapping,
+            // which covers the header page too (`sync = every append`
+            // syncs the whole mapping before the append returns).
             if u64::from(unit) < mark.load(Ordering::Relaxed) {
                 mark.fetch_min(u64::from(unit), Ordering::Relaxed);
             }
