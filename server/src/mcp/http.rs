@@ -17,7 +17,7 @@ use axum::routing::post;
 use bytes::Bytes;
 use http::header::{ACCEPT, ALLOW, CACHE_CONTROL, CONTENT_TYPE, HOST, ORIGIN};
 use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode};
-use rewind_engine::{EventId, ResumeAction, ResumeRequest, SessionId, SignalKind};
+use rewind_engine::{EventId, Replay, ResumeAction, ResumeRequest, SessionId, SignalKind};
 use rmcp::model::{ClientJsonRpcMessage, ClientNotification, ClientRequest};
 use serde::de::IgnoredAny;
 use tokio::sync::mpsc;
@@ -739,15 +739,7 @@ async fn handle_get(State(mcp): State<RewindMcp>, req: Request) -> Response {
             access.stream = Some(replay.stream());
             session.close_readers(replay.stream());
             let opening = vec![bytes_retry(retry)];
-            let reader = SseReader::new(
-                replay,
-                session,
-                opening,
-                stops(&mcp, false),
-                mcp.inner.metrics.clone(),
-                true,
-            );
-            sse_response(reader, None)
+            get_stream(&mcp, replay, session, opening, true)
         }
         ResumeAction::Fresh {
             session: Some(handle),
@@ -763,56 +755,36 @@ async fn handle_get(State(mcp): State<RewindMcp>, req: Request) -> Response {
             // are not. Answering with the standalone stream instead would
             // leave the client on a stream its call never writes to, and
             // the result would never arrive.
-            let cursor = signal
+            let gap_on_call = signal
                 .as_ref()
                 .filter(|s| s.kind == SignalKind::Gap)
                 .and_then(|s| s.cursor.map(|c| (c, s.oldest)))
                 .filter(|(c, _)| c.stream != STANDALONE);
-            if let Some((cursor, oldest)) = cursor {
-                // From the oldest event still held (or, with none held,
-                // from what comes next).
-                let replay = oldest
-                    .and_then(|o| {
-                        let after = EventId {
-                            seq: o.seq.saturating_sub(1),
-                            ..cursor
-                        };
-                        handle.subscribe_from(cursor.stream, after)
-                    })
-                    .unwrap_or_else(|| handle.subscribe(cursor.stream));
-                access.stream = Some(replay.stream());
-                session.close_readers(replay.stream());
-                let opening = signal
-                    .iter()
-                    .map(|s| signal_frame(s, retry))
-                    .chain([priming_frame(replay.position(), retry)])
-                    .collect();
-                let reader = SseReader::new(
-                    replay,
-                    session,
-                    opening,
-                    stops(&mcp, false),
-                    mcp.inner.metrics.clone(),
-                    true,
-                );
-                return with_access(sse_response(reader, None), access);
-            }
-            access.stream = Some(STANDALONE);
-            let replay = session.standalone_replay();
-            let mut opening = Vec::with_capacity(2);
-            if let Some(s) = &signal {
-                opening.push(signal_frame(s, retry));
-            }
-            opening.push(priming_frame(replay.position(), retry));
-            let reader = SseReader::new(
-                replay,
-                session,
-                opening,
-                stops(&mcp, false),
-                mcp.inner.metrics.clone(),
-                false,
-            );
-            sse_response(reader, None)
+            let (replay, resumed) = match gap_on_call {
+                Some((cursor, oldest)) => {
+                    // From the oldest event still held (or, with none
+                    // held, from what comes next).
+                    let replay = oldest
+                        .and_then(|o| {
+                            let after = EventId {
+                                seq: o.seq.saturating_sub(1),
+                                ..cursor
+                            };
+                            handle.subscribe_from(cursor.stream, after)
+                        })
+                        .unwrap_or_else(|| handle.subscribe(cursor.stream));
+                    session.close_readers(replay.stream());
+                    (replay, true)
+                }
+                None => (session.standalone_replay(), false),
+            };
+            access.stream = Some(replay.stream());
+            let opening = signal
+                .iter()
+                .map(|s| signal_frame(s, retry))
+                .chain([priming_frame(replay.position(), retry)])
+                .collect();
+            get_stream(&mcp, replay, session, opening, resumed)
         }
         // A fresh stream needs a live session; without one the client must
         // initialise again (404) or name a session at all (400).
@@ -822,6 +794,25 @@ async fn handle_get(State(mcp): State<RewindMcp>, req: Request) -> Response {
         },
     };
     with_access(resp, access)
+}
+
+/// The SSE answer to a GET: `opening` first, then `replay` read on.
+fn get_stream(
+    mcp: &RewindMcp,
+    replay: Replay,
+    session: Arc<McpSession>,
+    opening: Vec<Bytes>,
+    resumed: bool,
+) -> Response {
+    let reader = SseReader::new(
+        replay,
+        session,
+        opening,
+        stops(mcp, false),
+        mcp.inner.metrics.clone(),
+        resumed,
+    );
+    sse_response(reader, None)
 }
 
 fn bytes_retry(retry: std::time::Duration) -> Bytes {
