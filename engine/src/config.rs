@@ -51,6 +51,13 @@ pub struct Config {
     /// long as it opened fewer than a million sessions a second on average.
     /// Must be `None` with a `data_dir`, whose boot counter mints epochs.
     pub boot_epoch: Option<u64>,
+    /// This engine's node number in a cluster (1..=65535), written into
+    /// every event id it mints (id format 2), so a cursor names the node
+    /// that appended its event. 0 (the default): a single engine, ids in
+    /// format 1. A cursor minted by another node is foreign to this
+    /// engine's sessions (the cluster layer classifies it against the
+    /// shared tier instead).
+    pub node: u16,
     /// Where the pool and the session journal live. `None` (the default):
     /// on the heap, gone with the process. With a directory, the pool is a
     /// memory-mapped file and sessions survive a restart or a crash
@@ -94,6 +101,7 @@ impl Default for Config {
             max_resume_age: None,
             tag_key: None,
             boot_epoch: None,
+            node: 0,
             data_dir: None,
             sync: SyncPolicy::None,
         }

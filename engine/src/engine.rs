@@ -148,6 +148,42 @@ impl Engine {
         }
     }
 
+    /// Opens session `id` with the owner tag and epoch it had on another
+    /// engine, its events numbered after `after_seq`: a cluster node taking
+    /// over the session of a node that died, whose events up to
+    /// `after_seq` the shared tier holds. Ids this engine mints for it
+    /// carry this engine's [`Config::node`], so a cursor names which node
+    /// appended its event; cursors at or below `after_seq` are before this
+    /// engine's window (the embedding serves them from the shared tier).
+    /// [`OpenError::IdTaken`] if the engine holds the id already;
+    /// [`OpenError::PoolFull`] if the pool has no room for a first segment.
+    pub fn adopt(
+        &self,
+        id: SessionId,
+        tag: u64,
+        epoch: u64,
+        principal: Option<&str>,
+        after_seq: u64,
+    ) -> Result<SessionHandle, OpenError> {
+        self.shared.adopt(id, tag, epoch, principal, after_seq)
+    }
+
+    /// Ends every live session (as [`Engine::close`] each); returns how
+    /// many ended. For an embedding whose sessions were all invalidated at
+    /// once, e.g. a cluster whose shared tier lost its data.
+    pub fn close_all(&self) -> usize {
+        let mut all = Vec::new();
+        self.shared.registry.for_each(|s| all.push(s.clone()));
+        all.iter()
+            .filter(|s| self.shared.end(s, EndReason::Closed))
+            .count()
+    }
+
+    /// This engine's node number ([`Config::node`]; 0 for a single engine).
+    pub fn node(&self) -> u16 {
+        self.shared.config.node
+    }
+
     /// Ends every session idle for longer than the TTL, frees segments
     /// whose last writer has finished since their session ended, and makes
     /// room ahead of need when the pool is nearly full. Returns how many

@@ -269,6 +269,21 @@ impl SessionHandle {
         Replay::new(self.clone(), stream, 0)
     }
 
+    /// Opens a reader of *every* stream of the session, after sequence
+    /// number `after` (0: from the first event): each event once, in
+    /// sequence order, its id naming its own stream. For an embedding that
+    /// copies a session's events elsewhere (a cluster node writing them to
+    /// the shared tier). [`Replay::next_into`] and [`Replay::skip_gap`]
+    /// work as for one stream; [`Replay::stream`] and the stream of
+    /// [`Replay::position`] are `u32::MAX`, which no stream has.
+    pub fn subscribe_all(&self, after: u64) -> Replay {
+        Replay::new(
+            self.clone(),
+            crate::replay::ALL_STREAMS,
+            after.min(self.high_water()),
+        )
+    }
+
     /// The id of the newest event on the session (on any stream) as if it
     /// were on `stream`: a cursor meaning "everything after now".
     pub fn cursor_now(&self, stream: u32) -> EventId {

@@ -80,7 +80,7 @@ pub use crate::{
         Verdict,
     },
     replay::{Batch, Replay, ReplayError},
-    resume::{Rejection, ResumeAction, ResumeDecision, ResumeRequest, Signal, SignalKind},
+    resume::{Decided, Rejection, ResumeAction, ResumeDecision, ResumeRequest, Signal, SignalKind},
     session::{Attachment, EndReason, Waiter},
     shared::OpenError,
 };

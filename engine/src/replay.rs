@@ -71,6 +71,10 @@ pub struct Replay {
     unreported: (u64, u64),
 }
 
+/// The stream of a reader of every stream
+/// ([`SessionHandle::subscribe_all`](crate::SessionHandle::subscribe_all)).
+pub(crate) const ALL_STREAMS: u32 = crate::session::NO_STREAM;
+
 /// Delivered events a reader accumulates before adding them to the
 /// engine's counters.
 const REPORT_EVERY: u64 = 64;
@@ -125,11 +129,12 @@ impl Replay {
     pub fn next_into(&mut self, buf: &mut Vec<u8>) -> Result<Option<EventId>, ReplayError> {
         let s = &*self.handle.session;
         let metrics = &self.handle.shared.metrics;
+        let all = self.stream == ALL_STREAMS;
         let read = s.window.read(
             &self.handle.shared.pool,
             s.owner(),
             &mut self.cursor,
-            Some(self.stream),
+            (!all).then_some(self.stream),
             buf,
         );
         match read {
@@ -140,7 +145,8 @@ impl Replay {
                 if self.unreported.0 >= REPORT_EVERY {
                     report(metrics, &mut self.unreported);
                 }
-                Ok(Some(s.event_id(self.stream, meta.seq)))
+                let stream = if all { meta.stream } else { self.stream };
+                Ok(Some(s.event_id(stream, meta.seq)))
             }
             other => self.stopped(other).map(|_| None),
         }

@@ -54,6 +54,28 @@ pub struct ResumeDecision {
     pub action: ResumeAction,
 }
 
+/// The policy's verdict on facts the embedding supplied
+/// ([`Engine::decide`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Decided {
+    /// The facts the policy saw (safe set filled in).
+    pub facts: ResumeFacts,
+    /// The verdict to act on (after clamping).
+    pub verdict: Verdict,
+    /// The policy generation that decided.
+    pub generation: u64,
+    /// Set when the policy's own answer was replaced by the safe default.
+    pub fault: Option<PolicyFault>,
+}
+
+impl Decided {
+    /// Why, in the words [`Engine::resume`] gives for the same facts (safe
+    /// to show the client: never names another session).
+    pub fn reason(&self) -> &'static str {
+        reason(&self.facts)
+    }
+}
+
 /// What to send to the client.
 #[derive(Debug)]
 pub enum ResumeAction {
@@ -197,6 +219,33 @@ impl Engine {
         }
     }
 
+    /// Decides on facts the embedding established itself, for a session
+    /// this engine does not hold: a cluster node serving a session another
+    /// node owns classifies the cursor against the shared tier and asks
+    /// the same policy, under the same safe set, as for a local session.
+    /// The safe set and default verdict are (re)computed here from the
+    /// session and cursor facts, and `max_resume_age_ms` is filled from
+    /// the configuration when 0; whatever the policy answers is clamped to
+    /// the safe set and counted like [`Engine::resume`]'s verdicts.
+    pub fn decide(&self, facts: ResumeFacts) -> Decided {
+        let mut facts = facts;
+        if facts.max_resume_age_ms == 0 {
+            facts.max_resume_age_ms = self.shared.config.max_resume_age.map_or(0, |d| {
+                u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
+            });
+        }
+        let facts = facts.with_safe_set();
+        let answer = self.shared.policy.decide(&facts);
+        let (verdict, fault) = clamp(&facts, answer);
+        self.shared.metrics.verdict(verdict, fault);
+        Decided {
+            facts,
+            verdict,
+            generation: answer.generation,
+            fault,
+        }
+    }
+
     /// The facts the engine would hand the policy for `req`, without
     /// deciding. For tests, tooling and policy authors.
     pub fn facts(&self, req: ResumeRequest<'_>) -> ResumeFacts {
@@ -323,14 +372,14 @@ fn classify_cursor(
     facts: &mut ResumeFacts,
     placed: &mut Option<Cursor>,
 ) -> CursorFact {
-    let mine = c.tag == s.tag && c.node == 0 && c.epoch == s.epoch;
+    let mine = c.tag == s.tag && c.node == s.node && c.epoch == s.epoch;
     let w = s
         .window
         .place(&shared.pool, s.owner(), mine.then_some(c.seq));
     facts.high_water = w.high_water;
     facts.oldest_retained = w.oldest;
     facts.idle_ms = now.saturating_sub(s.last_active_ms.load(std::sync::atomic::Ordering::Relaxed));
-    if c.tag != s.tag || c.node != 0 {
+    if c.tag != s.tag || c.node != s.node {
         return CursorFact::Foreign;
     }
     if c.epoch < s.epoch {
@@ -363,6 +412,9 @@ fn reason(facts: &ResumeFacts) -> &'static str {
         (Some(SessionFact::Unknown), _) => "session not found",
         (Some(SessionFact::PreviousBoot), _) => "session belongs to a previous server incarnation",
         (Some(SessionFact::WrongPrincipal), _) => "session is bound to another principal",
+        (Some(SessionFact::OwnerLost), Some(CursorFact::Absent)) => {
+            "the node that owned this session is gone"
+        }
         (_, Some(CursorFact::Absent)) => "no cursor",
         (_, Some(CursorFact::Malformed)) => "malformed Last-Event-ID",
         (_, Some(CursorFact::Foreign)) => "Last-Event-ID was not issued by this session",

@@ -72,6 +72,9 @@ pub(crate) struct Session {
     pub(crate) tag: u64,
     /// This incarnation's epoch; unique within the engine.
     pub(crate) epoch: u64,
+    /// The engine's node number ([`Config::node`](crate::Config::node)),
+    /// written into every id the session mints.
+    pub(crate) node: u16,
     /// The principal the session is bound to, if any.
     pub(crate) principal: Option<Box<str>>,
     /// Engine-clock milliseconds when the session was opened.
@@ -130,6 +133,7 @@ impl Session {
         id: SessionId,
         tag: u64,
         epoch: u64,
+        node: u16,
         principal: Option<&str>,
         now_ms: u64,
     ) -> Session {
@@ -137,6 +141,7 @@ impl Session {
             id,
             tag,
             epoch,
+            node,
             principal: principal.map(Box::from),
             opened_ms: now_ms,
             last_active_ms: AtomicU64::new(now_ms),
@@ -162,6 +167,7 @@ impl Session {
         id: SessionId,
         tag: u64,
         epoch: u64,
+        node: u16,
         principal: Option<Box<str>>,
         now_ms: u64,
         window: Window,
@@ -173,7 +179,7 @@ impl Session {
             window,
             next_stream: AtomicU32::new(next_stream.clamp(1, NO_STREAM - 1)),
             restored: Some(Box::new(Restored { init })),
-            ..Session::new(id, tag, epoch, None, now_ms)
+            ..Session::new(id, tag, epoch, node, None, now_ms)
         }
     }
 
@@ -191,7 +197,7 @@ impl Session {
     pub(crate) fn event_id(&self, stream: u32, seq: u64) -> EventId {
         EventId {
             tag: self.tag,
-            node: 0,
+            node: self.node,
             epoch: self.epoch,
             stream,
             seq,

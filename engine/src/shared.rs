@@ -51,6 +51,9 @@ pub enum OpenError {
         /// The kind of the I/O error.
         kind: std::io::ErrorKind,
     },
+    /// The pool had no room for the first segment of an adopted session
+    /// ([`Engine::adopt`](crate::Engine::adopt)).
+    PoolFull,
 }
 
 impl OpenError {
@@ -60,6 +63,7 @@ impl OpenError {
         match self {
             OpenError::TooManySessions { retry_after, .. }
             | OpenError::PrincipalLimit { retry_after, .. } => Some(*retry_after),
+            OpenError::PoolFull => Some(*retry_after_pool()),
             OpenError::IdTaken | OpenError::Journal { .. } => None,
         }
     }
@@ -79,6 +83,7 @@ impl fmt::Display for OpenError {
             OpenError::Journal { kind } => {
                 write!(f, "the session journal could not be written: {kind}")
             }
+            OpenError::PoolFull => f.write_str("the event pool has no room for another session"),
         }
     }
 }
@@ -88,6 +93,10 @@ impl std::error::Error for OpenError {}
 /// What a refused client is told to wait: about how long sessions take to
 /// come and go. A hint, not a promise.
 const RETRY_AFTER: Duration = Duration::from_secs(5);
+
+fn retry_after_pool() -> &'static Duration {
+    &RETRY_AFTER
+}
 
 pub(crate) struct Shared {
     pub(crate) config: Config,
@@ -227,6 +236,7 @@ impl Shared {
                 id,
                 j.tag,
                 j.epoch,
+                shared.config.node,
                 j.principal,
                 now,
                 window,
@@ -331,6 +341,23 @@ impl Shared {
         id: SessionId,
         principal: Option<&str>,
     ) -> Result<SessionHandle, OpenError> {
+        self.admit(principal)?;
+        // Relaxed: uniqueness comes from the RMW itself; nothing else is
+        // published through this counter.
+        let epoch = self.next_epoch.fetch_add(1, Ordering::Relaxed);
+        let session = Session::new(
+            id,
+            self.tag_key.tag(id),
+            epoch,
+            self.config.node,
+            principal,
+            self.now_ms(),
+        );
+        self.register(session, principal)
+    }
+
+    /// Counts a session in against the caps (undone by `forget`).
+    fn admit(&self, principal: Option<&str>) -> Result<(), OpenError> {
         let cap = self.config.max_sessions as u64;
         if self
             .metrics
@@ -361,16 +388,49 @@ impl Shared {
             }
             *n += 1;
         }
-        // Relaxed: uniqueness comes from the RMW itself; nothing else is
-        // published through this counter.
-        let epoch = self.next_epoch.fetch_add(1, Ordering::Relaxed);
-        let session = Arc::new(Session::new(
-            id,
-            self.tag_key.tag(id),
-            epoch,
-            principal,
-            self.now_ms(),
-        ));
+        Ok(())
+    }
+
+    /// Opens session `id` with the tag and epoch it had on another engine
+    /// (a cluster node that died), numbering its events after `after_seq`.
+    pub(crate) fn adopt(
+        self: &Arc<Self>,
+        id: SessionId,
+        tag: u64,
+        epoch: u64,
+        principal: Option<&str>,
+        after_seq: u64,
+    ) -> Result<SessionHandle, OpenError> {
+        if self.registry.get(id).is_some() {
+            return Err(OpenError::IdTaken);
+        }
+        self.admit(principal)?;
+        let session = Session::new(id, tag, epoch, self.config.node, principal, self.now_ms());
+        if session
+            .window
+            .start_after(
+                &self.pool,
+                session.owner(),
+                self.keep.first_class,
+                after_seq,
+                session.opened_ms,
+            )
+            .is_err()
+        {
+            self.forget(principal);
+            return Err(OpenError::PoolFull);
+        }
+        self.register(session, principal)
+    }
+
+    /// Puts an admitted session in the registry (and the journal).
+    fn register(
+        self: &Arc<Self>,
+        session: Session,
+        principal: Option<&str>,
+    ) -> Result<SessionHandle, OpenError> {
+        let (id, epoch) = (session.id, session.epoch);
+        let session = Arc::new(session);
         if !self.registry.insert(session.clone()) {
             self.forget(principal);
             return Err(OpenError::IdTaken);

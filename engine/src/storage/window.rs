@@ -273,7 +273,7 @@ impl Window {
                     break Err(AppendFailure::Ended);
                 }
                 let class = need_class.max(keep.first_class);
-                match self.install_first(pool, owner, class, need_class, now_ms, &mut spare) {
+                match self.install_first(pool, owner, class, need_class, 1, now_ms, &mut spare) {
                     Ok(()) => continue,
                     Err(e) => break Err(e),
                 }
@@ -372,19 +372,41 @@ impl Window {
         result
     }
 
-    /// Installs the first segment of the window.
+    /// Installs the first segment of a window nothing was appended to
+    /// yet, numbered so that the first append gets `after + 1`: the window
+    /// of a session that continues elsewhere-numbered events (a cluster
+    /// node adopting a session whose events up to `after` are held by the
+    /// shared tier). Its high-water mark is `after` from now on, and
+    /// nothing is retained before `after + 1`.
+    pub(crate) fn start_after(
+        &self,
+        pool: &Pool,
+        owner: Owner,
+        class: u8,
+        after: u64,
+        now_ms: u64,
+    ) -> Result<(), AppendFailure> {
+        self.install_first(pool, owner, class, 0, after + 1, now_ms, &mut None)
+    }
+
+    /// Installs the first segment of the window, numbered from `first_seq`.
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "the append path's state, passed through once per window"
+    )]
     fn install_first(
         &self,
         pool: &Pool,
         owner: Owner,
         class: u8,
         least: u8,
+        first_seq: u64,
         now_ms: u64,
         spare: &mut Option<(SegRef, u8)>,
     ) -> Result<(), AppendFailure> {
         let (seg, class) = take_spare(pool, spare, class, least)
             .ok_or(AppendFailure::PoolFull { class: least })?;
-        init_segment(pool, seg, class, owner, 1, NO_SEG, now_ms);
+        init_segment(pool, seg, class, owner, first_seq, NO_SEG, now_ms);
         // The segment enters the chain with `oldest`; from then on whoever
         // takes it out of the chain (retention, close) frees it.
         match self
