@@ -127,26 +127,27 @@ fn wrong_abi_version_is_refused() {
 }
 
 #[test]
-fn a_plugin_built_for_abi_version_1_is_refused_naming_both_versions() {
-    // Version 2 added the `Restored` session fact; a version-1 plugin would
-    // answer it as an unknown fact (404 for a live session).
-    let err = host()
-        .load("v1", &tiny_module(1, 1024, ALL_EXPORTS))
-        .unwrap_err();
-    assert!(
-        matches!(
-            err,
-            LoadError::AbiVersion {
-                found: 1,
-                expected: 2
-            }
-        ),
-        "{err}"
-    );
-    assert!(
-        err.to_string().contains("version 1") && err.to_string().contains("version 2"),
-        "{err}"
-    );
+fn plugins_built_for_earlier_abi_versions_are_refused_naming_both_versions() {
+    // Version 2 added the `Restored` session fact, version 3 `Remote` and
+    // `OwnerLost`; an older plugin would answer them as unknown facts (404
+    // for a live session).
+    for old in [1, 2] {
+        let err = host()
+            .load("old", &tiny_module(old, 1024, ALL_EXPORTS))
+            .unwrap_err();
+        assert!(
+            matches!(
+                err,
+                LoadError::AbiVersion { found, expected: 3 } if found == old
+            ),
+            "{err}"
+        );
+        assert!(
+            err.to_string().contains(&format!("version {old}"))
+                && err.to_string().contains("version 3"),
+            "{err}"
+        );
+    }
 }
 
 #[test]

@@ -18,7 +18,7 @@
 //! codes; the Rust enums are `#[non_exhaustive]` wrappers whose `from_code`
 //! returns `None` for codes this version does not know.
 //!
-//! # Guest exports (ABI version 2)
+//! # Guest exports (ABI version 3)
 //!
 //! | export | signature | meaning |
 //! |---|---|---|
@@ -48,7 +48,10 @@ pub mod guest;
 ///   (404 on a session that is in fact live): the host refuses version-1
 ///   modules with a message naming both versions; rebuilding against this
 ///   SDK is all a plugin needs.
-pub const ABI_VERSION: u32 = 2;
+/// - 3: adds [`SessionFact::Remote`] and [`SessionFact::OwnerLost`] (same
+///   layout), the facts of a node of a cluster serving a session another
+///   node owns. Modules of versions 1 and 2 are refused the same way.
+pub const ABI_VERSION: u32 = 3;
 
 /// Name of the linear-memory export the host writes facts into.
 pub const EXPORT_MEMORY: &str = "memory";
@@ -88,6 +91,22 @@ pub enum SessionFact {
     /// they mean for [`Live`](SessionFact::Live); the default verdicts are
     /// the same.
     Restored = 6,
+    /// The session is live and bound to the presented principal (if any),
+    /// and another live node of the cluster owns it: this node serves the
+    /// request from the shared tier (Redis), where the owner writes every
+    /// event it appends. The cursor facts mean what they mean for
+    /// [`Live`](SessionFact::Live), checked against the session's record
+    /// and the events the shared tier holds; the default verdicts are the
+    /// same.
+    Remote = 7,
+    /// The session is bound to the presented principal (if any), but the
+    /// node that owned it is gone (its heartbeat expired) and no node has
+    /// taken it over yet. Its events in the shared tier are intact up to
+    /// the last one the owner wrote there; the cursor facts are checked
+    /// against them, and the default verdicts are those of
+    /// [`Live`](SessionFact::Live). A stricter policy may answer
+    /// [`Verdict::Gone`] so the client starts a new session.
+    OwnerLost = 8,
 }
 
 /// What the presented `Last-Event-ID` means to the presented session.
@@ -138,7 +157,7 @@ pub enum Verdict {
 
 impl SessionFact {
     /// Every variant, in code order.
-    pub const ALL: [SessionFact; 7] = [
+    pub const ALL: [SessionFact; 9] = [
         SessionFact::Absent,
         SessionFact::Live,
         SessionFact::Unknown,
@@ -146,6 +165,8 @@ impl SessionFact {
         SessionFact::WrongPrincipal,
         SessionFact::Malformed,
         SessionFact::Restored,
+        SessionFact::Remote,
+        SessionFact::OwnerLost,
     ];
 
     /// The variant with wire code `code`, if this version knows it.
@@ -158,6 +179,8 @@ impl SessionFact {
             4 => Some(Self::WrongPrincipal),
             5 => Some(Self::Malformed),
             6 => Some(Self::Restored),
+            7 => Some(Self::Remote),
+            8 => Some(Self::OwnerLost),
             _ => None,
         }
     }
@@ -167,13 +190,22 @@ impl SessionFact {
         self as u32
     }
 
-    /// Whether the session is live for the presenter ([`Live`] or
-    /// [`Restored`]): the facts under which its cursor is checked.
+    /// Whether the session is live for the presenter ([`Live`],
+    /// [`Restored`], [`Remote`] or [`OwnerLost`]): the facts under which
+    /// its cursor is checked.
     ///
     /// [`Live`]: SessionFact::Live
     /// [`Restored`]: SessionFact::Restored
+    /// [`Remote`]: SessionFact::Remote
+    /// [`OwnerLost`]: SessionFact::OwnerLost
     pub const fn is_live(self) -> bool {
-        matches!(self, SessionFact::Live | SessionFact::Restored)
+        matches!(
+            self,
+            SessionFact::Live
+                | SessionFact::Restored
+                | SessionFact::Remote
+                | SessionFact::OwnerLost
+        )
     }
 }
 
@@ -419,7 +451,12 @@ impl ResumeFacts {
 /// Unknown codes (`None`) get the most conservative answer for their side.
 pub const fn default_verdict(session: Option<SessionFact>, cursor: Option<CursorFact>) -> Verdict {
     match session {
-        Some(SessionFact::Live | SessionFact::Restored) => match cursor {
+        Some(
+            SessionFact::Live
+            | SessionFact::Restored
+            | SessionFact::Remote
+            | SessionFact::OwnerLost,
+        ) => match cursor {
             Some(CursorFact::Absent) => Verdict::Fresh,
             Some(CursorFact::Malformed) => Verdict::BadRequest,
             Some(CursorFact::Foreign) => Verdict::Conflict,
@@ -456,7 +493,12 @@ pub const fn safe_set(session: Option<SessionFact>, cursor: Option<CursorFact>) 
         .with(Verdict::FreshReset)
         .with(Verdict::FreshGap);
     match session {
-        Some(SessionFact::Live | SessionFact::Restored) => match cursor {
+        Some(
+            SessionFact::Live
+            | SessionFact::Restored
+            | SessionFact::Remote
+            | SessionFact::OwnerLost,
+        ) => match cursor {
             Some(CursorFact::InWindow) => fresh.with(Verdict::Resume),
             Some(CursorFact::Unchecked) | None => VerdictSet::REJECTIONS,
             Some(_) => fresh,

@@ -25,7 +25,12 @@ rewind_policy! {
     /// The decision table.
     pub fn decide(facts: &ResumeFacts) -> Verdict {
         match facts.session_fact() {
-            Some(SessionFact::Live | SessionFact::Restored) => match facts.cursor_fact() {
+            Some(
+                SessionFact::Live
+                | SessionFact::Restored
+                | SessionFact::Remote
+                | SessionFact::OwnerLost,
+            ) => match facts.cursor_fact() {
                 Some(CursorFact::Absent) => Verdict::Fresh,
                 Some(CursorFact::Malformed) => Verdict::BadRequest,
                 Some(CursorFact::Foreign) => Verdict::Conflict,

@@ -18,6 +18,7 @@
 //! | live | in window, `cursor_age_ms` > `max_resume_age_ms` (when set) | `Resume` | `Gone` |
 //! | live | in window, `cursor_seq` unknown or beyond `high_water` | `Resume` | `Conflict` |
 //! | live | unchecked / unknown code | `Conflict` | `Conflict` |
+//! | owner node lost (cluster) | any | as live | `Gone` |
 //! | live, other principal | any | `Conflict` | `Conflict` |
 //! | none | any | `BadRequest` | `BadRequest` |
 //! | malformed id / unknown / previous boot / unknown code | any | `Gone` | `Gone` |
@@ -33,7 +34,10 @@ rewind_policy! {
     /// The strict table above.
     pub fn decide(facts: &ResumeFacts) -> Verdict {
         match facts.session_fact() {
-            Some(SessionFact::Live | SessionFact::Restored) => match facts.cursor_fact() {
+            // A session whose owner node is gone: start over rather than
+            // resume from the shared tier.
+            Some(SessionFact::OwnerLost) => Verdict::Gone,
+            Some(SessionFact::Live | SessionFact::Restored | SessionFact::Remote) => match facts.cursor_fact() {
                 Some(CursorFact::Absent) => Verdict::Fresh,
                 Some(CursorFact::Malformed) => Verdict::BadRequest,
                 Some(CursorFact::OlderEpoch) | Some(CursorFact::BeforeWindow) => Verdict::Gone,
