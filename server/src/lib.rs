@@ -38,6 +38,7 @@
 
 pub mod admin;
 pub mod cli;
+pub mod cluster;
 pub mod mcp;
 pub mod metrics;
 pub mod policy_store;

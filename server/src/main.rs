@@ -20,6 +20,7 @@ use rewind_engine::policy::wasm::{HostError, PolicyHost, PolicyHostConfig};
 use rewind_engine::Engine;
 use rewind_server::admin::{self, AdminState};
 use rewind_server::cli::{self, Cli, Command};
+use rewind_server::cluster::{Cluster, ClusterOptions};
 use rewind_server::mcp::{self, HostPolicy, McpOptions, OriginPolicy};
 use rewind_server::metrics::ServerMetrics;
 use rewind_server::policy_store::{PolicyStore, StoredPolicy};
@@ -83,7 +84,26 @@ fn serve(args: &ServeArgs, matches: &ArgMatches) -> Result<(), BoxError> {
         None => None,
         Some(dir) => Some(open_policy_store(dir, &host)?),
     };
-    let engine = Engine::with_policy(settings.engine.clone(), Arc::clone(&host) as _)?;
+    let metrics = Arc::new(ServerMetrics::new());
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    // The node number goes into the engine's ids: claim it first.
+    let cluster = match &settings.cluster {
+        None => None,
+        Some(c) => {
+            let options = ClusterOptions {
+                idle_ttl: settings.engine.idle_ttl,
+                session_events: settings.engine.session_events,
+            };
+            Some(runtime.block_on(Cluster::connect(c, options, Arc::clone(&metrics)))?)
+        }
+    };
+    let mut engine_config = settings.engine.clone();
+    if let Some(c) = &cluster {
+        engine_config.node = c.node();
+    }
+    let engine = Engine::with_policy(engine_config, Arc::clone(&host) as _)?;
     if let Some(report) = engine.recovery() {
         // Restored engine sessions keep their events; the MCP endpoint
         // rebuilds their MCP sessions from the stored `initialize`
@@ -100,15 +120,11 @@ fn serve(args: &ServeArgs, matches: &ArgMatches) -> Result<(), BoxError> {
             "data directory opened: {report}"
         );
     }
-    let metrics = Arc::new(ServerMetrics::new());
     let (token, token_configured) = match &settings.admin_token {
         Some(t) => (t.clone(), true),
         None => (admin::generate_token()?, false),
     };
 
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?;
     runtime.block_on(async move {
         let mcp_listener = bind(settings.listen, "the MCP endpoint", "--listen", "REWIND_LISTEN").await?;
         let admin_listener = bind(
@@ -131,6 +147,7 @@ fn serve(args: &ServeArgs, matches: &ArgMatches) -> Result<(), BoxError> {
             mcp_addr,
             &settings.http,
             shutdown.clone(),
+            cluster.clone(),
         )?;
         let mut admin_state = AdminState::new(
             engine.clone(),
@@ -162,6 +179,9 @@ fn serve(args: &ServeArgs, matches: &ArgMatches) -> Result<(), BoxError> {
             host.live_generation(),
             demo::describe(&engine)
         )?;
+        if let (Some(c), Some(cs)) = (&cluster, &settings.cluster) {
+            writeln!(out, "rewind: cluster node   {} of {}", c.node(), redact(&cs.redis))?;
+        }
         if let Some((store, restored)) = &store {
             let what = match restored {
                 Some(stored) => format!("restored `{}` from {}", stored.name, stored.path.display()),
@@ -355,8 +375,10 @@ fn mcp_router(
     listen: SocketAddr,
     http: &HttpSettings,
     shutdown: CancellationToken,
+    cluster: Option<Cluster>,
 ) -> Result<axum::Router, BoxError> {
     let mut options = McpOptions::default();
+    options.cluster = cluster;
     let (hosts, warning) = HostPolicy::for_listener(listen, http.allowed_hosts.as_deref());
     if let Some(warning) = warning {
         tracing::warn!(%listen, "{warning}");
@@ -372,6 +394,17 @@ fn mcp_router(
     options.shutdown = shutdown;
     options.sweep_interval = Some(Duration::from_secs(1));
     Ok(mcp::router(engine, metrics, options, ReferenceServer::new))
+}
+
+/// A Redis URL without its password, for printing.
+fn redact(url: &str) -> String {
+    match url::Url::parse(url) {
+        Ok(mut u) if u.password().is_some() => {
+            let _ = u.set_password(Some("***"));
+            u.to_string()
+        }
+        _ => url.to_owned(),
+    }
 }
 
 async fn cancel_on_signal(shutdown: CancellationToken) {

@@ -34,6 +34,14 @@
 //! | `rewind_policy_swaps`, `rewind_policy_rollbacks` | `trigger` | swaps published; rollbacks on command or by the fault-rate rule |
 //! | `rewind_http_responses` | `method`, `status` | HTTP answers of the MCP endpoint |
 //! | `rewind_sse_streams_open` (gauge) | | SSE responses being served now |
+//! | `rewind_cluster_node` (gauge) | | this node's number (cluster mode only, as every `rewind_cluster_*`) |
+//! | `rewind_cluster_redis_up` (gauge) | | 1 while the last command sent to Redis succeeded, else 0 |
+//! | `rewind_cluster_replicated_events` | | events copied to Redis |
+//! | `rewind_cluster_replication_errors` | | rounds of copies Redis did not take (each is retried) |
+//! | `rewind_cluster_forwarded_requests` | | requests forwarded to the node owning their session |
+//! | `rewind_cluster_remote_streams` (gauge) | | SSE responses served from Redis now |
+//! | `rewind_cluster_epoch_changes` | | times Redis lost its data and this node ended its sessions |
+//! | `rewind_cluster_takeovers` | | sessions this node took over from a node that was gone |
 //! | `process_*` | | CPU seconds, resident and virtual memory, open and max file descriptors, threads, start time (Linux; `rewind serve` and [`RewindCollector::with_process_metrics`]) |
 
 use std::fmt;
@@ -77,6 +85,53 @@ pub struct ServerMetrics {
     replay_events: Histogram,
     responses: Family<ResponseLabels, Counter>,
     sse_open: Gauge,
+    pub(crate) cluster: ClusterMetrics,
+}
+
+/// The metrics of cluster mode (exported only when it is on).
+#[derive(Debug, Default, Clone)]
+pub(crate) struct ClusterMetrics {
+    enabled: Gauge,
+    node: Gauge,
+    redis_up: Gauge,
+    replicated: Counter,
+    replication_errors: Counter,
+    forwarded: Counter,
+    remote_streams: Gauge,
+    epoch_changes: Counter,
+    takeovers: Counter,
+}
+
+impl ClusterMetrics {
+    pub(crate) fn enable(&self, node: u16) {
+        self.enabled.set(1);
+        self.node.set(i64::from(node));
+    }
+    pub(crate) fn set_up(&self, up: bool) {
+        self.redis_up.set(i64::from(up));
+    }
+    pub(crate) fn replicated(&self, events: u64) {
+        self.replicated.inc_by(events);
+    }
+    pub(crate) fn replication_error(&self) {
+        self.replication_errors.inc();
+    }
+    pub(crate) fn forwarded(&self) {
+        self.forwarded.inc();
+    }
+    pub(crate) fn remote_stream(&self, opened: bool) {
+        if opened {
+            self.remote_streams.inc();
+        } else {
+            self.remote_streams.dec();
+        }
+    }
+    pub(crate) fn epoch_changed(&self) {
+        self.epoch_changes.inc();
+    }
+    pub(crate) fn took_over(&self) {
+        self.takeovers.inc();
+    }
 }
 
 impl Default for ServerMetrics {
@@ -93,6 +148,7 @@ impl Default for ServerMetrics {
             ),
             responses: Family::default(),
             sse_open: Gauge::default(),
+            cluster: ClusterMetrics::default(),
         }
     }
 }
@@ -483,6 +539,69 @@ fn encode_server(e: &mut DescriptorEncoder, server: &ServerMetrics) -> Result<()
         "SSE responses being served now",
         None,
         &server.sse_open,
+    )?;
+    encode_cluster(e, &server.cluster)
+}
+
+fn encode_cluster(e: &mut DescriptorEncoder, c: &ClusterMetrics) -> Result<(), fmt::Error> {
+    if c.enabled.get() == 0 {
+        return Ok(());
+    }
+    put(
+        e,
+        "rewind_cluster_node",
+        "This node's number in the cluster",
+        None,
+        &c.node,
+    )?;
+    put(
+        e,
+        "rewind_cluster_redis_up",
+        "1 while the last command sent to Redis succeeded, else 0",
+        None,
+        &c.redis_up,
+    )?;
+    put(
+        e,
+        "rewind_cluster_replicated_events",
+        "Events copied to Redis",
+        None,
+        &c.replicated,
+    )?;
+    put(
+        e,
+        "rewind_cluster_replication_errors",
+        "Rounds of copies Redis did not take (each is retried)",
+        None,
+        &c.replication_errors,
+    )?;
+    put(
+        e,
+        "rewind_cluster_forwarded_requests",
+        "Requests forwarded to the node owning their session",
+        None,
+        &c.forwarded,
+    )?;
+    put(
+        e,
+        "rewind_cluster_remote_streams",
+        "SSE responses served from Redis now",
+        None,
+        &c.remote_streams,
+    )?;
+    put(
+        e,
+        "rewind_cluster_epoch_changes",
+        "Times Redis lost its data and this node ended its sessions",
+        None,
+        &c.epoch_changes,
+    )?;
+    put(
+        e,
+        "rewind_cluster_takeovers",
+        "Sessions this node took over from a node that was gone",
+        None,
+        &c.takeovers,
     )
 }
 

@@ -38,6 +38,10 @@
 //! max_resume_age_secs = 600        # told to the policy; unset by default
 //! data_dir = "data"                # durable pool + session journal; default: heap
 //! sync = "none"                    # durable pools: "none", "every-append" or "100ms"
+//!
+//! [cluster]                        # absent: a single node
+//! redis = "redis://127.0.0.1:6379" # the shared tier several nodes share sessions through
+//! node_id = 3                      # 1..=65535, unique per node; default: allocated by Redis
 //! ```
 
 use std::fmt;
@@ -150,6 +154,12 @@ pub struct ServeArgs {
     /// Log line format: text or json [default: text]
     #[arg(long, env = "REWIND_LOG_FORMAT", value_name = "FORMAT")]
     pub log_format: Option<LogFormat>,
+    /// Share sessions with other nodes through this Redis (`redis://host:port[/db]`): any node serves any session [default: none, a single node]
+    #[arg(long, env = "REWIND_CLUSTER", value_name = "URL")]
+    pub cluster: Option<String>,
+    /// This node's number in the cluster, 1..=65535, unique per node [default: allocated by Redis]
+    #[arg(long, env = "REWIND_NODE_ID", value_name = "N")]
+    pub node_id: Option<u16>,
 }
 
 /// How log lines are written.
@@ -222,6 +232,28 @@ pub struct FileSettings {
     /// `[engine]`
     #[serde(default)]
     pub engine: EngineFileSettings,
+    /// `[cluster]`
+    #[serde(default)]
+    pub cluster: ClusterFileSettings,
+}
+
+/// The `[cluster]` table of the configuration file.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClusterFileSettings {
+    /// `cluster.redis`
+    pub redis: Option<String>,
+    /// `cluster.node_id`
+    pub node_id: Option<u16>,
+}
+
+/// Cluster mode: the shared tier and this node's number.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClusterSettings {
+    /// The Redis URL (`redis://…`).
+    pub redis: String,
+    /// This node's number; `None`: allocate one from Redis at start.
+    pub node_id: Option<u16>,
 }
 
 /// The `[engine]` table of the configuration file.
@@ -272,6 +304,8 @@ pub struct Settings {
     pub http: HttpSettings,
     /// How log lines are written.
     pub log_format: LogFormat,
+    /// Cluster mode; `None`: a single node.
+    pub cluster: Option<ClusterSettings>,
 }
 
 /// Where a value came from, for error messages.
@@ -454,6 +488,8 @@ fn flag_name(id: &'static str) -> &'static str {
         "max_body_bytes" => "max-body-bytes",
         "max_header_bytes" => "max-header-bytes",
         "log_format" => "log-format",
+        "cluster" => "cluster",
+        "node_id" => "node-id",
         other => other,
     }
 }
@@ -511,6 +547,18 @@ impl Settings {
             file.log_format,
         );
         let http = resolve_http(&r, args, file.http)?;
+        let (cluster_url, cluster_origin) = r.pick(
+            "cluster",
+            "REWIND_CLUSTER",
+            args.cluster.clone(),
+            file.cluster.redis,
+        );
+        let (node_id, node_origin) = r.pick(
+            "node_id",
+            "REWIND_NODE_ID",
+            args.node_id,
+            file.cluster.node_id,
+        );
         let e = file.engine;
         let (session_events, events_origin) = r.pick(
             "session_events",
@@ -676,7 +724,45 @@ impl Settings {
             ));
         }
 
+        let cluster = match (cluster_url, node_id) {
+            (None, None) => None,
+            (None, Some(_)) => {
+                return Err(invalid(
+                    "cluster.node_id",
+                    &node_origin,
+                    "a node id needs cluster mode: set cluster.redis (--cluster) too".to_owned(),
+                ))
+            }
+            (Some(url), node_id) => {
+                let url = url.trim().to_owned();
+                if let Err(why) = check_redis_url(&url) {
+                    return Err(invalid("cluster.redis", &cluster_origin, why));
+                }
+                if node_id == Some(0) {
+                    return Err(invalid(
+                        "cluster.node_id",
+                        &node_origin,
+                        "must be 1..=65535 (0 means a single engine)".to_owned(),
+                    ));
+                }
+                if engine.data_dir.is_some() {
+                    return Err(invalid(
+                        "cluster.redis",
+                        &cluster_origin,
+                        "cluster mode and a data directory (engine.data_dir) cannot be combined \
+                         yet: in a cluster, Redis is the tier that outlives a node"
+                            .to_owned(),
+                    ));
+                }
+                Some(ClusterSettings {
+                    redis: url,
+                    node_id,
+                })
+            }
+        };
+
         Ok(Settings {
+            cluster,
             listen: listen
                 .unwrap_or_else(|| DEFAULT_LISTEN.parse().expect("the default address parses")),
             admin_listen,
@@ -688,6 +774,31 @@ impl Settings {
             log_format: log_format.unwrap_or_default(),
         })
     }
+}
+
+/// Why `url` cannot name the shared tier, if it cannot.
+fn check_redis_url(url: &str) -> Result<(), String> {
+    let parsed = url::Url::parse(url).map_err(|e| format!("{url:?} is not a URL: {e}"))?;
+    match parsed.scheme() {
+        "redis" => {}
+        "rediss" => {
+            return Err(
+                "rediss:// (TLS) is not supported by this build; use redis:// on a trusted \
+                 network or a TLS tunnel"
+                    .to_owned(),
+            )
+        }
+        other => {
+            return Err(format!(
+                "scheme {other:?} is not Redis: use redis://host:port[/db]"
+            ))
+        }
+    }
+    if parsed.host_str().is_none_or(str::is_empty) {
+        return Err(format!("{url:?} names no host"));
+    }
+    redis::Client::open(url).map_err(|e| format!("{url:?}: {e}"))?;
+    Ok(())
 }
 
 /// The `[http]` settings over their flags, checked.

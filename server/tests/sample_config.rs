@@ -9,8 +9,8 @@ use std::path::PathBuf;
 use rewind_engine::Config;
 use rewind_server::mcp::McpOptions;
 use rewind_server::settings::{
-    EngineFileSettings, FileSettings, HttpFileSettings, LogFormat, ServeArgs, Settings,
-    DEFAULT_ADMIN_LISTEN, DEFAULT_LISTEN,
+    ClusterFileSettings, EngineFileSettings, FileSettings, HttpFileSettings, LogFormat, ServeArgs,
+    Settings, DEFAULT_ADMIN_LISTEN, DEFAULT_LISTEN,
 };
 use serde_aux::serde_introspection::serde_introspect;
 
@@ -97,9 +97,18 @@ fn the_sample_loads_and_as_it_stands_is_the_defaults() {
 fn every_commented_out_example_is_a_valid_setting() {
     let path = sample_path();
     let text = everything_set();
-    let file = FileSettings::parse(&text, &path).unwrap_or_else(|e| panic!("{e}\n{text}"));
+    let mut file = FileSettings::parse(&text, &path).unwrap_or_else(|e| panic!("{e}\n{text}"));
     assert!(file.admin_token.is_some() && file.policy.is_some() && file.policy_dir.is_some());
     assert!(file.engine.max_resume_age_secs.is_some());
+    // Cluster mode and a data directory exclude each other (the sample
+    // says so): each is checked without the other.
+    assert!(file.cluster.redis.is_some() && file.engine.data_dir.is_some());
+    let mut clustered = FileSettings::parse(&text, &path).unwrap();
+    clustered.engine.data_dir = None;
+    let c = Settings::resolve_with_file(&ServeArgs::default(), None, clustered, Some(&path))
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(c.cluster.and_then(|c| c.node_id), Some(1));
+    file.cluster = Default::default();
     let settings = Settings::resolve_with_file(&ServeArgs::default(), None, file, Some(&path))
         .unwrap_or_else(|e| panic!("{e}"));
     // Relative paths are taken from the file's directory.
@@ -129,6 +138,11 @@ fn the_sample_shows_every_key_the_loader_accepts() {
         serde_introspect::<HttpFileSettings>()
             .iter()
             .map(|k| format!("http.{k}")),
+    );
+    accepted.extend(
+        serde_introspect::<ClusterFileSettings>()
+            .iter()
+            .map(|k| format!("cluster.{k}")),
     );
     assert!(accepted.len() >= 11, "introspection found {accepted:?}");
     assert_eq!(keys_shown(), accepted);

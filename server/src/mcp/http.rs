@@ -27,6 +27,8 @@ use super::session::{McpSession, RegisterError, STANDALONE};
 use super::sse::{event_frame, priming_frame, signal_frame, SseReader, Stops};
 use super::transport::SessionTransport;
 use super::{stateless, RewindMcp, STATELESS_PROTOCOL_VERSIONS, SUPPORTED_PROTOCOL_VERSIONS};
+use crate::cluster::remote::Follow;
+use crate::cluster::{ForwardReply, Forwarded};
 use crate::metrics::verdict_label;
 
 const SESSION_ID: &str = "mcp-session-id";
@@ -498,6 +500,9 @@ async fn handle_post(State(mcp): State<RewindMcp>, req: Request) -> Response {
             )
         }
     };
+    if let Some(c) = &mcp.inner.options.cluster {
+        c.verify_if_suspect().await;
+    }
     let (mut msgs, batch) = match parse_messages(&body) {
         Ok(m) => m,
         Err(r) => return r,
@@ -523,6 +528,9 @@ async fn handle_post(State(mcp): State<RewindMcp>, req: Request) -> Response {
         );
     }
     let answer = answer_mode(&mcp, accepts, requests);
+    if let Some(id) = remote_session(&mcp, &parts) {
+        return forward(&mcp, id, parts, body).await;
+    }
     if msgs.iter().any(is_initialize) {
         if msgs.len() != 1 {
             return bad_request("initialize must not be batched");
@@ -598,13 +606,52 @@ async fn handle_post(State(mcp): State<RewindMcp>, req: Request) -> Response {
         mcp.inner.metrics.clone(),
         false,
     );
+    let position = reader_position(&reader);
     if session.forward(msgs).await.is_err() {
         return not_found();
     }
     for id in &cancelled {
         session.cancel(id);
     }
-    with_access(respond(reader, answer, batch, None).await, access)
+    let resp = respond(reader, answer, batch, None).await;
+    with_access(
+        with_post_stream(resp, stream, position, after_opening),
+        access,
+    )
+}
+
+/// Where a POST's SSE answer started: what a node that forwarded the POST
+/// needs to serve the same answer from Redis.
+#[derive(Debug, Clone, Copy)]
+struct PostStream {
+    stream: u32,
+    position: EventId,
+    /// The answer ends after its opening frames (SSE polling).
+    after_opening: bool,
+}
+
+fn reader_position(reader: &SseReader) -> EventId {
+    reader.position()
+}
+
+fn with_post_stream(
+    mut resp: Response,
+    stream: u32,
+    position: EventId,
+    after_opening: bool,
+) -> Response {
+    let sse = resp
+        .headers()
+        .get(CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
+    if sse {
+        resp.extensions_mut().insert(PostStream {
+            stream,
+            position,
+            after_opening,
+        });
+    }
+    resp
 }
 
 async fn initialize(
@@ -621,14 +668,14 @@ async fn initialize(
         true => match presented_session(mcp, parts) {
             Ok(old) => {
                 mcp.end_session(old.handle.id());
-                Some(old.handle.id())
+                Some((old.handle.id(), old.handle.epoch()))
             }
             Err(r) => return r,
         },
         false => None,
     };
     let opened = match reopen {
-        Some(id) => mcp.inner.engine.reopen(id, principal.as_deref()),
+        Some((id, _)) => mcp.inner.engine.reopen(id, principal.as_deref()),
         None => mcp.inner.engine.open(principal.as_deref()),
     };
     let handle = match opened {
@@ -646,12 +693,26 @@ async fn initialize(
     let (tx, rx) = mpsc::channel(mcp.inner.options.inbound_capacity.max(1));
     let service_ct: CancellationToken = mcp.inner.options.shutdown.child_token();
     let durable = mcp.inner.engine.recovery().is_some();
+    let cluster = mcp.inner.options.cluster.as_ref();
+    if let Some(c) = cluster {
+        // Before the client learns the id: every node must know it then.
+        if let Err(e) = c
+            .write_record(&handle, reopen.map(|(_, epoch)| epoch))
+            .await
+        {
+            tracing::warn!(
+                error = %e,
+                "cluster: session record not written; other nodes will not know this session"
+            );
+        }
+    }
     let session = Arc::new(McpSession::new(
         handle.clone(),
         principal,
         tx,
         service_ct,
         durable,
+        cluster.map(|c| c.replica(&handle)),
     ));
     if session.register(stream, stream, parts, &mut msgs).is_err() {
         handle.close();
@@ -669,6 +730,7 @@ async fn initialize(
         mcp.inner.metrics.clone(),
         false,
     );
+    let position = reader_position(&reader);
     mcp.start_session(
         session.clone(),
         SessionTransport::new(session.clone(), rx),
@@ -687,10 +749,8 @@ async fn initialize(
         stream: Some(stream),
         verdict: None,
     };
-    with_access(
-        respond(reader, answer, false, Some(handle.id())).await,
-        access,
-    )
+    let resp = respond(reader, answer, false, Some(handle.id())).await;
+    with_access(with_post_stream(resp, stream, position, false), access)
 }
 
 async fn handle_get(State(mcp): State<RewindMcp>, req: Request) -> Response {
@@ -707,9 +767,29 @@ async fn handle_get(State(mcp): State<RewindMcp>, req: Request) -> Response {
             "Accept must include text/event-stream",
         );
     }
+    if let Some(c) = &mcp.inner.options.cluster {
+        c.verify_if_suspect().await;
+    }
     let principal = principal(&mcp, &parts);
     let session_id = header(&parts.headers, SESSION_ID).map(str::trim);
     let last_event_id = header(&parts.headers, LAST_EVENT_ID).map(str::trim);
+    if let Some(id) = remote_get_session(&mcp, &parts, last_event_id) {
+        match remote_get(&mcp, id, last_event_id, principal.as_deref()).await {
+            Ok(resp) => return resp,
+            // Its owner is gone: take it over, then serve it as a local
+            // session (or, if another node took it first, from there).
+            Err(record) => {
+                if mcp.take_over(id, &record).await.is_none()
+                    || remote_get_session(&mcp, &parts, last_event_id).is_some()
+                {
+                    return match remote_get(&mcp, id, last_event_id, principal.as_deref()).await {
+                        Ok(resp) => resp,
+                        Err(_) => owner_gone(),
+                    };
+                }
+            }
+        }
+    }
     let started = Instant::now();
     let decision = mcp.inner.engine.resume(ResumeRequest {
         session_id,
@@ -826,6 +906,12 @@ async fn handle_delete(State(mcp): State<RewindMcp>, req: Request) -> Response {
         Ok(Revision::Sessions(_)) => {}
         Err(r) => return r,
     }
+    if let Some(c) = &mcp.inner.options.cluster {
+        c.verify_if_suspect().await;
+    }
+    if let Some(id) = remote_session(&mcp, &parts) {
+        return forward(&mcp, id, parts, Bytes::new()).await;
+    }
     match presented_session(&mcp, &parts) {
         Ok(s) => {
             let access = Access {
@@ -837,4 +923,370 @@ async fn handle_delete(State(mcp): State<RewindMcp>, req: Request) -> Response {
         }
         Err(r) => r,
     }
+}
+
+// ---------------------------------------------------------------------------
+// Cluster mode: requests for sessions another node owns.
+
+/// How long a forwarded request waits for its owner's reply. SSE answers
+/// reply at once (the events come through Redis); a JSON answer replies
+/// once the response is in.
+const FORWARD_WAIT: Duration = Duration::from_secs(120);
+
+/// In cluster mode, the session a request names when this node does not
+/// hold it (another node may).
+fn remote_session(mcp: &RewindMcp, parts: &http::request::Parts) -> Option<SessionId> {
+    mcp.inner.options.cluster.as_ref()?;
+    let id = SessionId::parse(header(&parts.headers, SESSION_ID)?.trim()).ok()?;
+    match mcp.session(id) {
+        Some(_) => None,
+        None => Some(id),
+    }
+}
+
+/// In cluster mode, the session of a `GET` served from Redis: one this
+/// node does not hold, or one it took over whose cursor another node
+/// minted (its event is in Redis, not in this node's engine).
+fn remote_get_session(
+    mcp: &RewindMcp,
+    parts: &http::request::Parts,
+    last_event_id: Option<&str>,
+) -> Option<SessionId> {
+    let remote = remote_session(mcp, parts);
+    if remote.is_some() || mcp.inner.options.cluster.is_none() {
+        return remote;
+    }
+    let id = SessionId::parse(header(&parts.headers, SESSION_ID)?.trim()).ok()?;
+    let cursor = EventId::parse(last_event_id?).ok()?;
+    (cursor.node != mcp.inner.engine.node()).then_some(id)
+}
+
+fn redis_unreachable() -> Response {
+    refuse(
+        StatusCode::SERVICE_UNAVAILABLE,
+        -32000,
+        "this session is served by another node, and the cluster's Redis is unreachable",
+    )
+}
+
+fn owner_gone() -> Response {
+    refuse(
+        StatusCode::SERVICE_UNAVAILABLE,
+        -32000,
+        "the node that owned this session is gone",
+    )
+}
+
+/// Forwards a `POST` or `DELETE` for session `id` to the node that owns
+/// it, and answers with the owner's answer (an SSE answer served from the
+/// session's Redis Stream).
+async fn forward(
+    mcp: &RewindMcp,
+    id: SessionId,
+    parts: http::request::Parts,
+    body: Bytes,
+) -> Response {
+    let Some(cluster) = mcp.inner.options.cluster.as_ref() else {
+        return not_found();
+    };
+    let record = match cluster.record(id).await {
+        Ok(Some(r)) => r,
+        Ok(None) => return not_found(),
+        Err(_) => return redis_unreachable(),
+    };
+    let principal = principal(mcp, &parts);
+    if record.principal != principal {
+        return remote_refusal(
+            mcp,
+            rewind_engine::ResumeFacts::new(
+                rewind_engine::SessionFact::WrongPrincipal,
+                rewind_engine::CursorFact::Absent,
+            ),
+        );
+    }
+    match cluster.owner_alive(record.owner, &record.boot).await {
+        Ok(true) => {}
+        Ok(false) => {
+            // Take it over and serve the request here (or, if another
+            // node was first, forward it there).
+            if mcp.take_over(id, &record).await.is_some() {
+                let req = Request::from_parts(parts, Body::from(body));
+                return if req.method() == Method::DELETE {
+                    Box::pin(handle_delete(State(mcp.clone()), req)).await
+                } else {
+                    Box::pin(handle_post(State(mcp.clone()), req)).await
+                };
+            }
+            return match cluster.record(id).await {
+                Ok(Some(r)) if r.boot != record.boot => {
+                    Box::pin(forward(mcp, id, parts, body)).await
+                }
+                Ok(_) => not_found(),
+                Err(_) => redis_unreachable(),
+            };
+        }
+        Err(_) => return redis_unreachable(),
+    }
+    let access = Access {
+        session: Some(record.tag),
+        ..Access::default()
+    };
+    let req = Forwarded {
+        method: parts.method.clone(),
+        headers: parts.headers.clone(),
+        body,
+    };
+    let reply = match cluster.forward(record.owner, req, FORWARD_WAIT).await {
+        Ok(r) => r,
+        Err(crate::cluster::ForwardError::Unreachable) => return redis_unreachable(),
+        Err(crate::cluster::ForwardError::Timeout) => {
+            return refuse(
+                StatusCode::GATEWAY_TIMEOUT,
+                -32000,
+                "the node that owns this session did not answer",
+            )
+        }
+    };
+    with_access(forwarded_response(mcp, id, reply), access)
+}
+
+/// The answer to a forwarded request, as the owner gave it.
+fn forwarded_response(mcp: &RewindMcp, id: SessionId, reply: ForwardReply) -> Response {
+    let sse = reply
+        .sse
+        .as_ref()
+        .and_then(|(stream, position, after_opening)| {
+            Some((*stream, EventId::parse(position).ok()?, *after_opening))
+        });
+    let mut resp = match (sse, mcp.inner.options.cluster.as_ref()) {
+        (Some((stream, position, after_opening)), Some(cluster)) => {
+            let opening = vec![priming_frame(position, mcp.inner.options.retry)];
+            if after_opening {
+                Response::new(Body::from_stream(futures::stream::iter(
+                    opening.into_iter().map(Ok::<_, std::convert::Infallible>),
+                )))
+            } else {
+                let follow = Follow {
+                    session: id,
+                    epoch: position.epoch,
+                    tag: position.tag,
+                    node: position.node,
+                    stream,
+                    after: position.seq,
+                    ends_on_close: true,
+                    ends_when_caught_up: false,
+                };
+                Response::new(cluster.follow_body(
+                    follow,
+                    opening,
+                    mcp.inner.options.keep_alive,
+                    mcp.inner.options.shutdown.clone(),
+                ))
+            }
+        }
+        _ => Response::new(Body::from(reply.body)),
+    };
+    *resp.status_mut() = StatusCode::from_u16(reply.status).unwrap_or(StatusCode::BAD_GATEWAY);
+    for (n, v) in &reply.headers {
+        if let (Ok(n), Ok(v)) = (
+            HeaderName::from_bytes(n.as_bytes()),
+            HeaderValue::from_str(v),
+        ) {
+            resp.headers_mut().append(n, v);
+        }
+    }
+    resp
+}
+
+/// A refusal decided by the policy on facts established here.
+fn remote_refusal(mcp: &RewindMcp, facts: rewind_engine::ResumeFacts) -> Response {
+    let d = mcp.inner.engine.decide(facts);
+    let status = match d.verdict {
+        rewind_engine::Verdict::BadRequest => StatusCode::BAD_REQUEST,
+        rewind_engine::Verdict::Conflict => StatusCode::CONFLICT,
+        _ => StatusCode::NOT_FOUND,
+    };
+    let access = Access {
+        verdict: Some(verdict_label(d.verdict)),
+        ..Access::default()
+    };
+    with_access(refuse(status, -32000, d.reason()), access)
+}
+
+/// A `GET` for session `id`, which another node owns (or owned): decided
+/// by the policy on the facts of its record and Redis Stream, and served
+/// from that stream.
+///
+/// `Err(record)`: its owner is gone (the caller takes it over first).
+async fn remote_get(
+    mcp: &RewindMcp,
+    id: SessionId,
+    last_event_id: Option<&str>,
+    principal: Option<&str>,
+) -> Result<Response, crate::cluster::Record> {
+    use rewind_engine::SessionFact;
+    let Some(cluster) = mcp.inner.options.cluster.as_ref() else {
+        return Ok(not_found());
+    };
+    let started = Instant::now();
+    let c = match cluster.classify(id, principal, last_event_id).await {
+        Ok(c) => c,
+        Err(_) => return Ok(redis_unreachable()),
+    };
+    if c.facts.session_fact() == Some(SessionFact::OwnerLost) {
+        if let Some(r) = c.record {
+            return Err(r);
+        }
+    }
+    Ok(remote_answer(mcp, cluster, id, c, started))
+}
+
+/// The answer to a `GET` classified against Redis.
+fn remote_answer(
+    mcp: &RewindMcp,
+    cluster: &crate::cluster::Cluster,
+    id: SessionId,
+    c: crate::cluster::remote::Classified,
+    started: Instant,
+) -> Response {
+    use rewind_engine::{SessionFact, Signal, Verdict};
+    let d = mcp.inner.engine.decide(c.facts);
+    mcp.inner
+        .metrics
+        .observe_resume(d.verdict, d.generation, started.elapsed());
+    let mut access = Access {
+        verdict: Some(verdict_label(d.verdict)),
+        ..Access::default()
+    };
+    let retry = mcp.inner.options.retry;
+    let record = match (&c.record, d.verdict) {
+        (_, Verdict::BadRequest | Verdict::Conflict | Verdict::Gone) | (None, _) => {
+            let status = match d.verdict {
+                Verdict::BadRequest => StatusCode::BAD_REQUEST,
+                Verdict::Conflict => StatusCode::CONFLICT,
+                _ => StatusCode::NOT_FOUND,
+            };
+            return with_access(refuse(status, -32000, d.reason()), access);
+        }
+        (Some(r), _) => r,
+    };
+    access.session = Some(record.tag);
+    let owner_lost = d.facts.session_fact() == Some(SessionFact::OwnerLost);
+    let id_at = |stream: u32, seq: u64, node: u16| EventId {
+        tag: record.tag,
+        node,
+        epoch: record.epoch,
+        stream,
+        seq,
+    };
+    let (follow_stream, after, opening) = match (d.verdict, c.cursor) {
+        (Verdict::Resume, Some(cursor)) => (cursor.stream, cursor.seq, vec![bytes_retry(retry)]),
+        (Verdict::FreshReset | Verdict::FreshGap | Verdict::Fresh, cursor) => {
+            let kind = match d.verdict {
+                Verdict::FreshReset => Some(SignalKind::Reset),
+                Verdict::FreshGap => Some(SignalKind::Gap),
+                _ => None,
+            };
+            let (hw, hw_node) = c.high_water;
+            let oldest = (c.oldest <= hw).then_some(c.oldest);
+            let signal = kind.map(|kind| Signal {
+                kind,
+                reason: d.reason(),
+                cursor,
+                oldest: oldest.map(|o| id_at(cursor.map_or(0, |c| c.stream), o, record.owner)),
+            });
+            // A `gap` on a call's stream goes on with that stream (as on
+            // the owner); anything else starts the standalone stream now.
+            let (stream, after, node) = match (kind, cursor) {
+                (Some(SignalKind::Gap), Some(cur)) if cur.stream != STANDALONE => {
+                    (cur.stream, oldest.map_or(hw, |o| o - 1), record.owner)
+                }
+                _ => (STANDALONE, hw, hw_node),
+            };
+            let opening = signal
+                .iter()
+                .map(|s| signal_frame(s, retry))
+                .chain([priming_frame(id_at(stream, after, node), retry)])
+                .collect();
+            (stream, after, opening)
+        }
+        _ => return with_access(not_found(), access),
+    };
+    access.stream = Some(follow_stream);
+    let follow = Follow {
+        session: id,
+        epoch: record.epoch,
+        tag: record.tag,
+        node: record.owner,
+        stream: follow_stream,
+        after,
+        ends_on_close: follow_stream != STANDALONE,
+        ends_when_caught_up: owner_lost,
+    };
+    let body = cluster.follow_body(
+        follow,
+        opening,
+        mcp.inner.options.keep_alive,
+        mcp.inner.options.shutdown.clone(),
+    );
+    let mut resp = Response::new(body);
+    resp.headers_mut().insert(
+        CONTENT_TYPE,
+        http::HeaderValue::from_static("text/event-stream"),
+    );
+    resp.headers_mut()
+        .insert(CACHE_CONTROL, http::HeaderValue::from_static("no-cache"));
+    with_access(resp, access)
+}
+
+/// Runs a request another node forwarded to this one (the session's
+/// owner), as if it had arrived here, and says what to answer.
+pub(super) async fn serve_forwarded(mcp: RewindMcp, f: Forwarded) -> ForwardReply {
+    let mut req = Request::new(Body::from(f.body));
+    *req.method_mut() = f.method.clone();
+    *req.headers_mut() = f.headers;
+    if let Ok(uri) = mcp.inner.options.path.parse() {
+        *req.uri_mut() = uri;
+    }
+    let resp = match f.method {
+        Method::POST => handle_post(State(mcp.clone()), req).await,
+        Method::DELETE => handle_delete(State(mcp.clone()), req).await,
+        _ => StatusCode::METHOD_NOT_ALLOWED.into_response(),
+    };
+    let status = resp.status();
+    mcp.inner.metrics.observe_response(&f.method, status);
+    let headers = [
+        CONTENT_TYPE,
+        CACHE_CONTROL,
+        http::header::RETRY_AFTER,
+        ALLOW,
+    ]
+    .iter()
+    .map(HeaderName::as_str)
+    .chain([SESSION_ID])
+    .filter_map(|n| {
+        let v = resp.headers().get(n)?.to_str().ok()?;
+        Some((n.to_owned(), v.to_owned()))
+    })
+    .collect();
+    let mut reply = ForwardReply {
+        status: status.as_u16(),
+        headers,
+        ..ForwardReply::default()
+    };
+    if let Some(ps) = resp.extensions().get::<PostStream>() {
+        // The events reach the forwarding node through Redis; this
+        // response (and its reader) is dropped unread.
+        reply.sse = Some((ps.stream, ps.position.to_string(), ps.after_opening));
+        return reply;
+    }
+    let limit = mcp.inner.engine.config().max_event_bytes.saturating_mul(2);
+    match axum::body::to_bytes(resp.into_body(), limit).await {
+        Ok(b) => reply.body = b.to_vec(),
+        Err(_) => {
+            reply.status = StatusCode::BAD_GATEWAY.as_u16();
+            reply.headers.clear();
+        }
+    }
+    reply
 }

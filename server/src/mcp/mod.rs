@@ -109,7 +109,7 @@
 mod http;
 mod options;
 mod session;
-mod sse;
+pub(crate) mod sse;
 mod stateless;
 mod transport;
 
@@ -259,8 +259,37 @@ impl RewindMcp {
     pub fn router(&self) -> axum::Router {
         if tokio::runtime::Handle::try_current().is_ok() {
             self.restore_sessions();
+            self.start_cluster();
         }
         http::router(self.clone())
+    }
+
+    /// In cluster mode, starts the node's tasks (heartbeat, replicator,
+    /// forwarded requests). [`RewindMcp::router`] calls it, in a Tokio
+    /// runtime; later calls do nothing.
+    pub fn start_cluster(&self) {
+        let Some(cluster) = &self.inner.options.cluster else {
+            return;
+        };
+        // Weak: the cluster lives in the endpoint's options.
+        let weak = Arc::downgrade(&self.inner);
+        let handler = move |f: crate::cluster::Forwarded| -> BoxFuture<'static, crate::cluster::ForwardReply> {
+            let inner = weak.upgrade();
+            Box::pin(async move {
+                match inner {
+                    Some(inner) => http::serve_forwarded(RewindMcp { inner }, f).await,
+                    None => crate::cluster::ForwardReply {
+                        status: 503,
+                        ..Default::default()
+                    },
+                }
+            })
+        };
+        cluster.start(
+            self.inner.engine.clone(),
+            Arc::new(handler),
+            self.inner.options.shutdown.clone(),
+        );
     }
 
     /// The engine the streams live in.
@@ -385,6 +414,7 @@ impl RewindMcp {
                 ct,
                 params.clone(),
                 !stored.inflight.is_empty(),
+                None,
             ));
             self.start_session(
                 session.clone(),
@@ -400,6 +430,101 @@ impl RewindMcp {
             );
         }
         rebuilt
+    }
+
+    /// Takes session `id` over from its owner, which is gone (`record`
+    /// is what Redis said of it): claims it in Redis, adopts it in this
+    /// engine numbered after the events Redis holds (same tag, same epoch:
+    /// a cursor that names an event Redis holds resumes across the
+    /// takeover), answers each request the dead owner had in flight with
+    /// an error on its stream (unless Redis holds its answer), and rebuilds
+    /// its rmcp service from the stored `initialize` parameters. `None`
+    /// when another node took it first, or it cannot be rebuilt (it never
+    /// answered `initialize`: then it ends everywhere).
+    pub(crate) async fn take_over(
+        &self,
+        id: SessionId,
+        record: &crate::cluster::Record,
+    ) -> Option<Arc<McpSession>> {
+        let cluster = self.inner.options.cluster.as_ref()?;
+        let claimed = match cluster.claim(id, record).await {
+            Ok(Some(c)) => c,
+            Ok(None) => return None,
+            Err(e) => {
+                tracing::warn!(error = %e, "cluster: cannot take a session over");
+                return None;
+            }
+        };
+        let tag = format!("{:016x}", record.tag);
+        let Some(stored) = claimed.init.as_deref().and_then(session::decode_init) else {
+            tracing::info!(
+                session = %tag,
+                "cluster: a session whose owner died before answering initialize ends"
+            );
+            cluster.forget(id, record.epoch).await;
+            return None;
+        };
+        let handle = match self.inner.engine.adopt(
+            id,
+            record.tag,
+            record.epoch,
+            record.principal.as_deref(),
+            claimed.high_water,
+        ) {
+            Ok(h) => h,
+            Err(e) => {
+                tracing::warn!(session = %tag, error = %e, "cluster: cannot adopt a session");
+                return None;
+            }
+        };
+        let replica = cluster.replica(&handle);
+        let mut answered = 0;
+        for (stream, request, after_seq) in &stored.inflight {
+            if claimed.closed.contains(stream) {
+                continue;
+            }
+            let has_answer = claimed.events.iter().any(|(ev, payload)| {
+                ev.stream == *stream && ev.seq > *after_seq && session::answers(payload, request)
+            });
+            if !has_answer {
+                let err = rmcp::model::ServerJsonRpcMessage::error(
+                    rmcp::ErrorData::internal_error(session::TAKEOVER_MESSAGE, None),
+                    Some(request.clone()),
+                );
+                if let Ok(p) = serde_json::to_vec(&err) {
+                    if handle.append(*stream, &p).is_ok() {
+                        answered += 1;
+                    }
+                }
+            }
+            replica.control(handle.high_water(), crate::cluster::Control::Close(*stream));
+        }
+        replica.kick();
+        let (tx, rx) = tokio::sync::mpsc::channel(self.inner.options.inbound_capacity.max(1));
+        let ct = self.inner.options.shutdown.child_token();
+        let params = stored.params;
+        let session = Arc::new(McpSession::restored(
+            handle,
+            record.principal.clone(),
+            tx,
+            ct,
+            params.clone(),
+            !stored.inflight.is_empty(),
+            Some(replica),
+        ));
+        self.start_session(
+            session.clone(),
+            SessionTransport::new(session.clone(), rx),
+            Some(params),
+        );
+        tracing::info!(
+            session = %tag,
+            from = record.owner,
+            after_seq = claimed.high_water,
+            requests_answered = answered,
+            "cluster: took over a session whose node is gone"
+        );
+        Some(session)
     }
 
     fn start_sweeper(&self) {

@@ -232,6 +232,12 @@ pub struct McpOptions {
     /// Largest total size of a request's headers (names, values and the
     /// `: ` and line ends between them) accepted (431 above). Default 16 KiB.
     pub max_header_bytes: usize,
+    /// Share sessions with other nodes through Redis
+    /// ([`Cluster`](crate::cluster::Cluster), connected with
+    /// [`Cluster::connect`](crate::cluster::Cluster::connect); the engine's
+    /// [`Config::node`](rewind_engine::Config::node) must be the cluster's
+    /// node number). `None`: a single node. Default `None`.
+    pub cluster: Option<crate::cluster::Cluster>,
 }
 
 impl Default for McpOptions {
@@ -251,6 +257,7 @@ impl Default for McpOptions {
             json_response: false,
             max_body_bytes: 4 << 20,
             max_header_bytes: 16 << 10,
+            cluster: None,
         }
     }
 }
@@ -275,6 +282,7 @@ impl fmt::Debug for McpOptions {
             .field("json_response", &self.json_response)
             .field("max_body_bytes", &self.max_body_bytes)
             .field("max_header_bytes", &self.max_header_bytes)
+            .field("cluster", &self.cluster)
             .finish()
     }
 }

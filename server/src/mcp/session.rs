@@ -268,6 +268,9 @@ impl Attachment for McpSession {
             "MCP session ended"
         );
         self.service_ct.cancel();
+        if let Some(r) = &self.replica {
+            r.control(u64::MAX, crate::cluster::replicate::Control::End);
+        }
         let kicks: Vec<_> = lock(&self.kicks).drain().map(|(_, t)| t).collect();
         for t in kicks {
             t.cancel();
@@ -325,6 +328,8 @@ pub(crate) struct McpSession {
     init_params: Mutex<Option<InitializeRequestParams>>,
     /// The engine keeps a data directory (else nothing is stored).
     durable: bool,
+    /// In cluster mode: what of the session is copied to Redis.
+    replica: Option<Arc<crate::cluster::SessionReplica>>,
 }
 
 /// The version of the blob [`encode_init`] writes.
@@ -372,6 +377,22 @@ pub(crate) fn decode_init(blob: &[u8]) -> Option<InitBlob> {
     let b: InitBlob = serde_json::from_slice(blob).ok()?;
     (b.rewind_init == INIT_BLOB_VERSION).then_some(b)
 }
+
+/// Whether `payload` (a stored outgoing message) is the response to `id`.
+pub(crate) fn answers(payload: &[u8], id: &RequestId) -> bool {
+    #[derive(serde::Deserialize)]
+    struct Probe {
+        id: Option<RequestId>,
+        method: Option<serde::de::IgnoredAny>,
+    }
+    serde_json::from_slice::<Probe>(payload)
+        .is_ok_and(|p| p.method.is_none() && p.id.as_ref() == Some(id))
+}
+
+/// The message a request in flight on a cluster node that died gets on
+/// its stream from the node that takes the session over.
+pub(crate) const TAKEOVER_MESSAGE: &str =
+    "the node serving this request died while it was running; it was not completed";
 
 /// The message a request in flight when the server died gets on its
 /// stream after the restart.
@@ -462,6 +483,7 @@ impl McpSession {
         inbound: mpsc::Sender<Inbound>,
         service_ct: CancellationToken,
         durable: bool,
+        replica: Option<Arc<crate::cluster::SessionReplica>>,
     ) -> McpSession {
         McpSession {
             handle,
@@ -475,11 +497,13 @@ impl McpSession {
             init_pending: Mutex::new(None),
             init_params: Mutex::new(None),
             durable,
+            replica,
         }
     }
 
     /// The MCP session of an engine session restored from the data
-    /// directory. Nothing is in flight (requests of the earlier process
+    /// directory, or (with a `replica`) taken over from a cluster node
+    /// that died. Nothing is in flight (requests of the earlier process
     /// are not re-run, so every request stream of before the restart is
     /// closed: a resume replays what it stored, then ends). A `GET` without
     /// `Last-Event-ID` starts after the standalone events stored before the
@@ -493,9 +517,11 @@ impl McpSession {
         service_ct: CancellationToken,
         params: InitializeRequestParams,
         had_inflight: bool,
+        replica: Option<Arc<crate::cluster::SessionReplica>>,
     ) -> McpSession {
         let before = handle.cursor_now(STANDALONE);
-        let s = McpSession::new(handle, principal, inbound, service_ct, true);
+        let durable = replica.is_none();
+        let s = McpSession::new(handle, principal, inbound, service_ct, durable, replica);
         *lock(&s.standalone_delivered) = Some(before);
         *lock(&s.init_params) = Some(params);
         if had_inflight {
@@ -512,7 +538,7 @@ impl McpSession {
     /// routes changed. Nothing for a heap engine, or before `initialize`
     /// is answered.
     fn persist(&self, routes: &Routes, except: Option<&RequestId>) {
-        if !self.durable {
+        if !self.durable && self.replica.is_none() {
             return;
         }
         let params = lock(&self.init_params);
@@ -525,7 +551,16 @@ impl McpSession {
             .filter(|(id, _)| Some(*id) != except)
             .map(|(id, p)| (p.stream, id, p.after_seq))
             .collect();
-        let stored = match encode_init(params, inflight) {
+        let blob = encode_init(params, inflight);
+        if let (Some(r), Some(blob)) = (&self.replica, &blob) {
+            // In the session's record, for the node that takes the session
+            // over if this one dies.
+            r.control(0, crate::cluster::replicate::Control::Init(blob.clone()));
+        }
+        if !self.durable {
+            return;
+        }
+        let stored = match blob {
             Some(blob) => self.handle.store_init(&blob),
             None => Err(std::io::Error::other(
                 "cannot serialise the initialize parameters",
@@ -625,21 +660,39 @@ impl McpSession {
     /// response of a cancelled request), closing its stream if it was the
     /// last one pending there.
     pub(crate) fn cancel(&self, id: &RequestId) {
-        if self.complete(id) {
-            self.stream_closed.notify(usize::MAX);
+        if let Some(stream) = self.complete(id) {
+            self.closed(stream, self.handle.high_water());
+        }
+    }
+
+    /// Request stream `stream` closed (its answers are in, the last one
+    /// at or before `after_seq`): readers waiting on it re-check, and in
+    /// cluster mode, readers on other nodes learn it from Redis.
+    fn closed(&self, stream: u32, after_seq: u64) {
+        self.stream_closed.notify(usize::MAX);
+        if let Some(r) = &self.replica {
+            r.control(after_seq, crate::cluster::replicate::Control::Close(stream));
+        }
+    }
+
+    /// Something was appended: in cluster mode, copy it to Redis.
+    fn appended(&self) {
+        if let Some(r) = &self.replica {
+            r.kick();
         }
     }
 
     /// Request `id` is done: forgotten by the routes and, with a data
-    /// directory, by the stored blob. Returns whether its stream closed.
-    fn complete(&self, id: &RequestId) -> bool {
+    /// directory, by the stored blob. Returns its stream if that closed.
+    fn complete(&self, id: &RequestId) -> Option<u32> {
         let mut routes = lock(&self.routes);
-        let known = routes.requests.contains_key(id);
+        let stream = routes.stream_of(id);
+        let known = stream.is_some();
         let closed = routes.complete(id);
         if known {
             self.persist(&routes, None);
         }
-        closed
+        stream.filter(|_| closed)
     }
 
     /// Hands `msgs` to the rmcp service, in order.
@@ -663,8 +716,12 @@ impl McpSession {
                 return;
             }
         };
+        let mut last_seq = self.handle.high_water();
         match self.handle.append(stream, &payload) {
-            Ok(_) => {}
+            Ok(id) => {
+                last_seq = id.seq;
+                self.appended();
+            }
             Err(rewind_engine::AppendError::TooLarge { len, max }) => {
                 tracing::warn!(
                     len,
@@ -681,16 +738,20 @@ impl McpSession {
                         ),
                         Some(id.clone()),
                     );
-                    if let Ok(p) = serde_json::to_vec(&err) {
-                        let _ = self.handle.append(stream, &p);
+                    if let Some(appended) = serde_json::to_vec(&err)
+                        .ok()
+                        .and_then(|p| self.handle.append(stream, &p).ok())
+                    {
+                        last_seq = appended.seq;
+                        self.appended();
                     }
                 }
             }
             Err(e) => tracing::debug!(error = %e, stream, "outgoing MCP message dropped"),
         }
         if let Some(id) = completes {
-            if self.complete(&id) {
-                self.stream_closed.notify(usize::MAX);
+            if let Some(stream) = self.complete(&id) {
+                self.closed(stream, last_seq);
             }
         }
     }

@@ -86,11 +86,11 @@ pub(crate) fn write_event_frame(out: &mut Vec<u8>, id: EventId, payload: &[u8]) 
 const COALESCE_EVENTS: usize = 64;
 const COALESCE_BYTES: usize = 64 * 1024;
 
-const KEEP_ALIVE: &[u8] = b": keep-alive\n\n";
+pub(crate) const KEEP_ALIVE: &[u8] = b": keep-alive\n\n";
 
 /// A `gap` notice sent mid-stream to a reader that fell behind: the same
 /// body a resume from its position would get.
-fn gap_frame(json: &str) -> String {
+pub(crate) fn gap_frame(json: &str) -> String {
     format!("event: gap\ndata: {json}\n\n")
 }
 
@@ -328,6 +328,12 @@ impl SseReader {
     }
 
     /// Appends `frame` to the frames sent before the stream's events.
+    /// The position of the reader (before its first event: the priming
+    /// event's id).
+    pub(crate) fn position(&self) -> EventId {
+        self.replay.position()
+    }
+
     pub(crate) fn push_opening(&mut self, frame: Bytes) {
         self.opening.insert(0, frame);
     }
