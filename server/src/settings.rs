@@ -914,6 +914,72 @@ mod tests {
     }
 
     #[test]
+    fn cluster_mode_is_checked_and_names_the_key() {
+        let on = |url: &str, node: Option<u16>| ServeArgs {
+            cluster: Some(url.to_owned()),
+            node_id: node,
+            ..ServeArgs::default()
+        };
+        let s = Settings::resolve(&on("redis://127.0.0.1:6379/2", Some(7)), None).unwrap();
+        assert_eq!(
+            s.cluster,
+            Some(ClusterSettings {
+                redis: "redis://127.0.0.1:6379/2".to_owned(),
+                node_id: Some(7)
+            })
+        );
+        assert_eq!(
+            Settings::resolve(&ServeArgs::default(), None)
+                .unwrap()
+                .cluster,
+            None
+        );
+        let file = parse("[cluster]\nredis = \"redis://10.0.0.5:6380\"\n").unwrap();
+        let s =
+            Settings::resolve_with_file(&ServeArgs::default(), None, file, Some(Path::new("x")))
+                .unwrap();
+        assert_eq!(
+            s.cluster.map(|c| (c.redis, c.node_id)),
+            Some(("redis://10.0.0.5:6380".to_owned(), None))
+        );
+        for (args, key, words) in [
+            (
+                on("http://127.0.0.1:6379", None),
+                "cluster.redis",
+                "not Redis",
+            ),
+            (on("rediss://127.0.0.1:6379", None), "cluster.redis", "TLS"),
+            (on("not a url", None), "cluster.redis", "not a URL"),
+            (
+                on("redis://127.0.0.1:6379", Some(0)),
+                "cluster.node_id",
+                "1..=65535",
+            ),
+            (
+                ServeArgs {
+                    node_id: Some(3),
+                    ..ServeArgs::default()
+                },
+                "cluster.node_id",
+                "needs cluster mode",
+            ),
+            (
+                ServeArgs {
+                    data_dir: Some(PathBuf::from("/var/lib/rewind")),
+                    ..on("redis://127.0.0.1:6379", None)
+                },
+                "cluster.redis",
+                "data directory",
+            ),
+        ] {
+            let e = Settings::resolve(&args, None).unwrap_err().to_string();
+            assert!(e.contains(key) && e.contains(words), "{args:?}: {e}");
+        }
+        let e = parse("[cluster]\nredis = \"redis://h\"\nnode = 1\n").unwrap_err();
+        assert!(e.to_string().contains("node"), "{e}");
+    }
+
+    #[test]
     fn the_data_dir_and_sync_policy_reach_the_engine_config() {
         let file = parse("[engine]\ndata_dir = \"state\"\nsync = \"every-append\"\n").unwrap();
         let s =

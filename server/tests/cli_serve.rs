@@ -261,6 +261,40 @@ fn a_taken_port_is_reported_clearly() {
     );
 }
 
+#[test]
+fn an_unreachable_cluster_redis_is_reported_clearly() {
+    // A loopback port nothing listens on (bound, then released).
+    let free = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let url = format!("redis://{free}");
+    let started = std::time::Instant::now();
+    let out = clean_command()
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--admin-listen",
+            "127.0.0.1:0",
+            "--cluster",
+            &url,
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr.contains("cannot reach the cluster's Redis") && stderr.contains(&url),
+        "{stderr}"
+    );
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(30),
+        "gave up only after {:?}",
+        started.elapsed()
+    );
+}
+
 #[cfg(unix)]
 #[test]
 fn sigterm_stops_the_server_promptly() {
