@@ -386,6 +386,16 @@ impl Cluster {
         r
     }
 
+    /// Adds the refresh of this node's heartbeat key to `pipe`.
+    fn heartbeat_into(&self, pipe: &mut redis::Pipeline) {
+        pipe.cmd("SET")
+            .arg(keys::node(self.inner.node))
+            .arg(&self.inner.boot)
+            .arg("PX")
+            .arg(ms(NODE_TTL))
+            .ignore();
+    }
+
     /// The cluster epoch this node's sessions belong to.
     pub(crate) fn epoch(&self) -> String {
         self.inner
@@ -415,6 +425,8 @@ impl Cluster {
         let tag = handle.cursor_now(0).tag;
         let mut pipe = redis::pipe();
         pipe.atomic();
+        // The owner is alive for whoever reads the record.
+        self.heartbeat_into(&mut pipe);
         if let Some(old) = previous {
             pipe.cmd("DEL").arg(keys::events(id, old)).ignore();
         }
@@ -652,26 +664,21 @@ impl Cluster {
         // The shared connection may still be the one Redis dropped: its
         // first command fails and it reconnects; the second one checks.
         for _ in 0..2 {
-            if !self.suspect() || self.check_epoch(None).await {
+            if !self.suspect() || self.check_epoch().await {
                 return;
             }
         }
     }
 
-    /// Reads the cluster epoch (creating it if Redis lost it) and, if it
-    /// changed, ends every session of this node. With `heartbeat`, also
-    /// refreshes this node's heartbeat key in the same round trip.
-    async fn check_epoch(&self, heartbeat: Option<&str>) -> bool {
+    /// Refreshes this node's heartbeat and reads the cluster epoch
+    /// (creating it if Redis lost it), in one round trip; if the epoch
+    /// changed, ends every session of this node. The heartbeat goes first:
+    /// a Redis that lost its data must learn that this node lives before
+    /// anything of its new sessions is asked of it.
+    async fn check_epoch(&self) -> bool {
         let failures = self.inner.failures.load(Ordering::Acquire);
         let mut pipe = redis::pipe();
-        if let Some(node_key) = heartbeat {
-            pipe.cmd("SET")
-                .arg(node_key)
-                .arg(&self.inner.boot)
-                .arg("PX")
-                .arg(ms(NODE_TTL))
-                .ignore();
-        }
+        self.heartbeat_into(&mut pipe);
         pipe.cmd("SET")
             .arg(keys::EPOCH)
             .arg(random_hex())
@@ -711,7 +718,7 @@ async fn heartbeat(cluster: Cluster, shutdown: CancellationToken) {
             _ = tick.tick() => {}
             _ = shutdown.cancelled() => break,
         }
-        cluster.check_epoch(Some(&node_key)).await;
+        cluster.check_epoch().await;
     }
     // A clean stop: the node is gone now, not in three seconds.
     let _: redis::RedisResult<()> = cluster.query(redis::cmd("DEL").arg(&node_key)).await;

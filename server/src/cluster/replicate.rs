@@ -5,12 +5,12 @@
 //! One task per node drains the queue: for each queued session it reads
 //! every event after the last one it copied — with one reader over all the
 //! session's streams, so in sequence order whatever thread appended them —
-//! and writes them, with the control entries that fall between them, as
-//! one `MULTI`/`EXEC` per round for all the sessions of the round. A round
-//! that fails is retried as it is until Redis answers (an `EXEC` that
-//! reached Redis before the connection broke is recognised on the retry:
-//! Redis refuses the entry ids it already has), so nothing is written twice
-//! or out of order. Events the engine released before they could be
+//! and writes them, with the control entries that fall between them, with
+//! one script per session ([`WRITE`]: atomic, and only while the session's
+//! record names this node's boot), all the sessions of a round in one
+//! pipeline. A round that fails is retried as it is until Redis answers
+//! (entries Redis has already are skipped), so nothing is written twice or
+//! out of order. Events the engine released before they could be
 //! copied (Redis unreachable for longer than the session retains) leave a
 //! jump in the sequence numbers, which readers report as a `gap`.
 
@@ -117,10 +117,51 @@ impl SessionReplica {
     }
 }
 
+/// Writes one session's share of a round, if this node still owns it
+/// (the record names this node's boot): a node that stalled past its
+/// heartbeat and whose sessions were taken over meanwhile must not write
+/// into them. Each event or control entry is added unless Redis has it
+/// already (a round retried after a broken connection), so a retry writes
+/// nothing twice. Returns 1, or 0 when this node no longer owns the
+/// session.
+///
+/// KEYS: record, events. ARGV: boot, epoch, maxlen, ttl, then operations:
+/// `e id i d` (event), `c id stream` (close), `x id` (end), `h blob`
+/// (the record's `init`).
+const WRITE: &str = r"
+if redis.call('HGET', KEYS[1], 'boot') ~= ARGV[1]
+  or redis.call('HGET', KEYS[1], 'epoch') ~= ARGV[2] then return 0 end
+local i = 5
+local ended = false
+local function add(id, ...)
+  local r = redis.pcall('XADD', KEYS[2], 'MAXLEN', '~', ARGV[3], id, ...)
+  if type(r) == 'table' and r.err and not string.find(r.err, 'equal or smaller', 1, true) then
+    error(r.err)
+  end
+end
+while i <= #ARGV do
+  local op = ARGV[i]
+  if op == 'e' then add(ARGV[i+1], 'i', ARGV[i+2], 'd', ARGV[i+3]); i = i + 4
+  elseif op == 'c' then add(ARGV[i+1], 'c', 'close', 's', ARGV[i+2]); i = i + 3
+  elseif op == 'x' then add(ARGV[i+1], 'c', 'end'); ended = true; i = i + 2
+  elseif op == 'h' then redis.call('HSET', KEYS[1], 'init', ARGV[i+1]); i = i + 2
+  else return redis.error_reply('unknown operation ' .. op) end
+end
+if ended then
+  redis.call('DEL', KEYS[1])
+  redis.call('PEXPIRE', KEYS[2], 60000)
+else
+  redis.call('PEXPIRE', KEYS[1], ARGV[4])
+  redis.call('PEXPIRE', KEYS[2], ARGV[4])
+end
+return 1
+";
+
 /// The replicator task.
 pub(crate) async fn run(cluster: Cluster, mut rx: Receiver, shutdown: CancellationToken) {
     let maxlen = cluster.inner.options.session_events.max(16) * 2;
     let ttl = ms(cluster.record_ttl());
+    let boot = cluster.inner.boot.clone();
     let mut buf = Vec::new();
     loop {
         let first = tokio::select! {
@@ -135,37 +176,38 @@ pub(crate) async fn run(cluster: Cluster, mut rx: Receiver, shutdown: Cancellati
             }
         }
         let mut pipe = redis::pipe();
-        pipe.atomic();
+        let mut written = Vec::new();
         let mut events = 0u64;
         let mut again = Vec::new();
         for s in &round {
             s.queued.store(false, Ordering::Release);
             // Pairs with `kick`'s swap (see there).
             std::sync::atomic::fence(Ordering::SeqCst);
-            let (n, more) = collect(s, &mut pipe, &mut buf, maxlen, ttl);
+            let Some((cmd, n, more)) = collect(s, &mut buf, &boot, maxlen, ttl) else {
+                continue;
+            };
+            pipe.add_command(cmd);
+            written.push(s.clone());
             events += n;
             if more {
                 again.push(s.clone());
             }
         }
-        if pipe.cmd_iter().next().is_none() {
+        if written.is_empty() {
             continue;
         }
         let mut backoff = Duration::from_millis(100);
-        let mut retry = false;
-        loop {
-            match cluster.query_pipe::<()>(&pipe).await {
-                Ok(()) => break,
-                Err(e) if retry && e.to_string().contains("equal or smaller") => {
-                    // The failed attempt reached Redis before the
-                    // connection broke (a transaction: all of it did).
-                    break;
-                }
+        let owned: Vec<i64> = loop {
+            match cluster.query_pipe::<Vec<i64>>(&pipe).await {
+                Ok(owned) => break owned,
                 Err(e) if !super::is_connection_error(&e) => {
                     // Redis refused the round itself: retrying cannot help.
                     cluster.inner.metrics.cluster.replication_error();
-                    tracing::error!(error = %e, "cluster: Redis refused a replication round; its events are not in Redis");
-                    break;
+                    tracing::error!(
+                        error = %e,
+                        "cluster: Redis refused a replication round; its events are not in Redis"
+                    );
+                    break Vec::new();
                 }
                 Err(e) => {
                     cluster.inner.metrics.cluster.replication_error();
@@ -175,39 +217,62 @@ pub(crate) async fn run(cluster: Cluster, mut rx: Receiver, shutdown: Cancellati
                         _ = shutdown.cancelled() => return,
                     }
                     backoff = (backoff * 2).min(Duration::from_secs(2));
-                    retry = true;
                 }
             }
-        }
+        };
         cluster.inner.metrics.cluster.replicated(events);
+        for (s, owned) in written.iter().zip(owned) {
+            if owned == 0 {
+                // Another node owns it now (this one stalled past its
+                // heartbeat), it ended elsewhere, or this incarnation was
+                // replaced by a re-initialisation: this copy must go.
+                s.lock().done = true;
+                if s.handle.is_ended() {
+                    continue;
+                }
+                tracing::warn!(
+                    session = format_args!("{:016x}", s.handle.cursor_now(0).tag),
+                    "cluster: a session this node held is owned elsewhere now; ending it here"
+                );
+                s.handle.close();
+            }
+        }
         for s in again {
             s.kick();
         }
     }
 }
 
-/// Adds session `s`'s pending events and controls to `pipe`. Returns how
-/// many events, and whether more are ready than one round takes.
+/// The `EVAL` that writes session `s`'s pending events and controls, how
+/// many events it holds, and whether more are ready than one round takes.
 fn collect(
     s: &SessionReplica,
-    pipe: &mut redis::Pipeline,
     buf: &mut Vec<u8>,
+    boot: &str,
     maxlen: u64,
     ttl: u64,
-) -> (u64, bool) {
+) -> Option<(redis::Cmd, u64, bool)> {
     let mut st = s.lock();
     if st.done {
-        return (0, false);
+        return None;
     }
     let id = s.handle.id();
     let epoch = s.handle.epoch();
-    let key = keys::events(id, epoch);
-    let record = keys::record(id);
+    let mut cmd = redis::cmd("EVAL");
+    cmd.arg(WRITE)
+        .arg(2)
+        .arg(keys::record(id))
+        .arg(keys::events(id, epoch))
+        .arg(boot)
+        .arg(format!("{epoch:x}"))
+        .arg(maxlen)
+        .arg(ttl);
     let mut reader = s.handle.subscribe_all(st.copied);
     let mut n = 0u64;
     let mut bytes = 0usize;
     let mut ended = false;
     let mut more = false;
+    let mut ops = 0usize;
     loop {
         if n as usize >= ROUND_EVENTS || bytes >= ROUND_BYTES {
             more = true;
@@ -215,20 +280,14 @@ fn collect(
         }
         match reader.next_into(buf) {
             Ok(Some(ev)) => {
-                flush_controls(&mut st, ev.seq - 1, &key, &record, pipe);
-                pipe.cmd("XADD")
-                    .arg(&key)
-                    .arg("MAXLEN")
-                    .arg("~")
-                    .arg(maxlen)
+                ops += flush_controls(&mut st, ev.seq - 1, &mut cmd);
+                cmd.arg("e")
                     .arg(format!("{}-0", ev.seq))
-                    .arg("i")
                     .arg(ev.to_string())
-                    .arg("d")
-                    .arg(buf.as_slice())
-                    .ignore();
+                    .arg(buf.as_slice());
                 st.copied = ev.seq;
                 n += 1;
+                ops += 1;
                 bytes += buf.len();
             }
             Ok(None) => break,
@@ -244,26 +303,17 @@ fn collect(
         }
     }
     let copied = st.copied;
-    flush_controls(&mut st, copied, &key, &record, pipe);
+    ops += flush_controls(&mut st, copied, &mut cmd);
     let end_queued = st.controls.iter().any(|(_, c)| matches!(c, Control::End));
     if ended || end_queued && !more {
         // Everything readable is copied: the end goes after it.
         let at = next_control_id(&mut st, copied);
-        pipe.cmd("XADD")
-            .arg(&key)
-            .arg(at)
-            .arg("c")
-            .arg("end")
-            .ignore();
-        pipe.cmd("DEL").arg(&record).ignore();
-        pipe.cmd("PEXPIRE").arg(&key).arg(60_000).ignore();
+        cmd.arg("x").arg(at);
+        ops += 1;
         st.controls.clear();
         st.done = true;
-    } else if n > 0 {
-        pipe.cmd("PEXPIRE").arg(&key).arg(ttl).ignore();
-        pipe.cmd("PEXPIRE").arg(&record).arg(ttl).ignore();
     }
-    (n, more)
+    (ops > 0).then_some((cmd, n, more))
 }
 
 /// The id of the next control entry after event `seq`.
@@ -278,8 +328,10 @@ fn next_control_id(st: &mut State, seq: u64) -> String {
     format!("{seq}-{k}")
 }
 
-/// Writes the controls that follow events up to `upto` (copied already).
-fn flush_controls(st: &mut State, upto: u64, key: &str, record: &str, pipe: &mut redis::Pipeline) {
+/// Adds the controls that follow events up to `upto` (copied already) to
+/// `cmd`; returns how many.
+fn flush_controls(st: &mut State, upto: u64, cmd: &mut redis::Cmd) -> usize {
+    let mut n = 0;
     while st
         .controls
         .front()
@@ -291,19 +343,14 @@ fn flush_controls(st: &mut State, upto: u64, key: &str, record: &str, pipe: &mut
         match c {
             Control::Close(stream) => {
                 let at = next_control_id(st, after);
-                pipe.cmd("XADD")
-                    .arg(key)
-                    .arg(at)
-                    .arg("c")
-                    .arg("close")
-                    .arg("s")
-                    .arg(stream)
-                    .ignore();
+                cmd.arg("c").arg(at).arg(stream);
             }
             Control::Init(blob) => {
-                pipe.cmd("HSET").arg(record).arg("init").arg(blob).ignore();
+                cmd.arg("h").arg(blob);
             }
-            Control::End => {}
+            Control::End => continue,
         }
+        n += 1;
     }
+    n
 }

@@ -661,16 +661,17 @@ impl McpSession {
     /// last one pending there.
     pub(crate) fn cancel(&self, id: &RequestId) {
         if let Some(stream) = self.complete(id) {
-            self.closed(stream, self.handle.high_water());
+            self.closed(stream, None);
         }
     }
 
     /// Request stream `stream` closed (its answers are in, the last one
-    /// at or before `after_seq`): readers waiting on it re-check, and in
+    /// at or before `after_seq`, or before now if `None`): readers waiting on it re-check, and in
     /// cluster mode, readers on other nodes learn it from Redis.
-    fn closed(&self, stream: u32, after_seq: u64) {
+    fn closed(&self, stream: u32, after_seq: Option<u64>) {
         self.stream_closed.notify(usize::MAX);
         if let Some(r) = &self.replica {
+            let after_seq = after_seq.unwrap_or_else(|| self.handle.high_water());
             r.control(after_seq, crate::cluster::replicate::Control::Close(stream));
         }
     }
@@ -716,10 +717,12 @@ impl McpSession {
                 return;
             }
         };
-        let mut last_seq = self.handle.high_water();
+        // The last event this message appended (for the close entry of a
+        // cluster replica).
+        let mut last_seq = None;
         match self.handle.append(stream, &payload) {
             Ok(id) => {
-                last_seq = id.seq;
+                last_seq = Some(id.seq);
                 self.appended();
             }
             Err(rewind_engine::AppendError::TooLarge { len, max }) => {
@@ -742,7 +745,7 @@ impl McpSession {
                         .ok()
                         .and_then(|p| self.handle.append(stream, &p).ok())
                     {
-                        last_seq = appended.seq;
+                        last_seq = Some(appended.seq);
                         self.appended();
                     }
                 }
