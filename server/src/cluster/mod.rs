@@ -60,7 +60,7 @@ pub(crate) mod replicate;
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, LazyLock, Mutex, OnceLock};
 use std::time::Duration;
 
 use futures::future::BoxFuture;
@@ -473,10 +473,23 @@ impl Cluster {
         Ok(Record::parse(&fields).filter(|r| r.cepoch == self.epoch()))
     }
 
-    /// Whether node `owner` runs with boot `boot` (its heartbeat is fresh).
-    pub(crate) async fn owner_alive(&self, owner: u16, boot: &str) -> redis::RedisResult<bool> {
-        let v: Option<String> = self.query(redis::cmd("GET").arg(keys::node(owner))).await?;
-        Ok(v.as_deref() == Some(boot))
+    /// The record of session `id` (if Redis has one of this cluster
+    /// epoch) and whether its owner is alive, in one round trip.
+    pub(crate) async fn record_and_owner(
+        &self,
+        id: SessionId,
+    ) -> redis::RedisResult<Option<(Record, bool)>> {
+        let r: Option<(HashMap<String, Vec<u8>>, Option<String>)> = RECORD_AND_OWNER
+            .key(keys::record(id))
+            .invoke_async(&mut self.inner.conn.clone())
+            .await
+            .inspect_err(|e| self.note(!is_connection_error(e)))?;
+        self.note(true);
+        Ok(r.and_then(|(fields, heartbeat)| {
+            let record = Record::parse(&fields).filter(|r| r.cepoch == self.epoch())?;
+            let alive = heartbeat.as_deref() == Some(record.boot.as_str());
+            Some((record, alive))
+        }))
     }
 }
 
@@ -496,14 +509,18 @@ pub(crate) struct Claimed {
 
 /// Makes this node the owner of a session whose owner had boot `old_boot`,
 /// unless another node did first; returns the stored `init` field.
-const CLAIM: &str = r"
+static CLAIM: LazyLock<redis::Script> = LazyLock::new(|| {
+    redis::Script::new(
+        r"
 if redis.call('HGET', KEYS[1], 'boot') ~= ARGV[1] then return false end
 redis.call('HSET', KEYS[1], 'owner', ARGV[2], 'boot', ARGV[3])
 redis.call('PEXPIRE', KEYS[1], ARGV[4])
 local init = redis.call('HGET', KEYS[1], 'init')
 if not init then return '' end
 return init
-";
+",
+    )
+});
 
 impl Cluster {
     /// Takes session `id` (record `record`, whose owner is gone) over:
@@ -514,7 +531,7 @@ impl Cluster {
         id: SessionId,
         record: &Record,
     ) -> redis::RedisResult<Option<Claimed>> {
-        let init: Option<Vec<u8>> = redis::Script::new(CLAIM)
+        let init: Option<Vec<u8>> = CLAIM
             .key(keys::record(id))
             .arg(&record.boot)
             .arg(self.inner.node)
@@ -567,6 +584,23 @@ impl Cluster {
         Ok(Some(claimed))
     }
 }
+
+/// A session's record and its owner's heartbeat (a key outside `KEYS`:
+/// one Redis, or a proxy that routes by the first key; see
+/// `docs/cluster.md` for Redis Cluster).
+static RECORD_AND_OWNER: LazyLock<redis::Script> = LazyLock::new(|| {
+    redis::Script::new(
+        r"
+local f = redis.call('HGETALL', KEYS[1])
+if #f == 0 then return false end
+local owner
+for i = 1, #f, 2 do if f[i] == 'owner' then owner = f[i + 1] end end
+local hb = false
+if owner then hb = redis.call('GET', 'rewind:node:' .. owner) end
+return {f, hb}
+",
+    )
+});
 
 /// A session's record, as read back.
 #[derive(Debug, Clone)]

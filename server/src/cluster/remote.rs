@@ -72,20 +72,25 @@ impl Cluster {
             high_water: (0, 0),
             oldest: 1,
         };
-        let Some(record) = self.record(id).await? else {
+        let Some((record, alive)) = self.record_and_owner(id).await? else {
             return Ok(out);
         };
         if record.principal.as_deref() != principal {
             out.facts = ResumeFacts::new(SessionFact::WrongPrincipal, CursorFact::Unchecked);
             return Ok(out);
         }
-        let session = if self.owner_alive(record.owner, &record.boot).await? {
+        let session = if alive {
             SessionFact::Remote
         } else {
             SessionFact::OwnerLost
         };
         let key = keys::events(id, record.epoch);
-        let (hw, oldest) = self.window(&key, record.owner).await?;
+        // The cursor's own entry comes with the window when the cursor
+        // names this incarnation.
+        let exact = parsed
+            .filter(|c| c.tag == record.tag && c.epoch == record.epoch && c.seq > 0)
+            .map(|c| c.seq);
+        let (hw, oldest, mut at_cursor) = self.window(&key, record.owner, exact).await?;
         out.high_water = hw;
         out.oldest = oldest;
         let cursor_fact = match cursor {
@@ -100,9 +105,11 @@ impl Cluster {
                     let deadline = tokio::time::Instant::now() + REPLICATION_WAIT;
                     while c.seq > out.high_water.0 && tokio::time::Instant::now() < deadline {
                         tokio::time::sleep(Duration::from_millis(10)).await;
-                        let (hw, oldest) = self.window(&key, record.owner).await?;
+                        let (hw, oldest, entry) =
+                            self.window(&key, record.owner, Some(c.seq)).await?;
                         out.high_water = hw;
                         out.oldest = oldest;
+                        at_cursor = entry;
                     }
                 }
                 out.facts.cursor_seq = c.seq;
@@ -115,7 +122,7 @@ impl Cluster {
                 } else {
                     // The cursor's own event must be the one Redis holds
                     // at that number: same node, so the same history.
-                    match self.entry(&key, c.seq).await? {
+                    match at_cursor {
                         Some(e) if e.node == c.node => CursorFact::InWindow,
                         // Another node's event at that number: the cursor
                         // is from a history that was not carried over.
@@ -136,9 +143,15 @@ impl Cluster {
         Ok(out)
     }
 
-    /// The newest event of `key` (its number and node; `owner` when none)
-    /// and the oldest one's number (newest + 1 when none).
-    async fn window(&self, key: &str, owner: u16) -> redis::RedisResult<((u64, u16), u64)> {
+    /// The newest event of `key` (its number and node; `owner` when none),
+    /// the oldest one's number (newest + 1 when none), and the event at
+    /// `exact`, in one round trip.
+    async fn window(
+        &self,
+        key: &str,
+        owner: u16,
+        exact: Option<u64>,
+    ) -> redis::RedisResult<((u64, u16), u64, Option<EventId>)> {
         let mut pipe = redis::pipe();
         pipe.cmd("XREVRANGE")
             .arg(key)
@@ -152,7 +165,11 @@ impl Cluster {
             .arg("+")
             .arg("COUNT")
             .arg(1);
-        let (last, first): (StreamRangeReply, StreamRangeReply) = self.query_pipe(&pipe).await?;
+        let id = format!("{}-0", exact.unwrap_or(0));
+        pipe.cmd("XRANGE").arg(key).arg(&id).arg(&id);
+        let (last, first, at): (StreamRangeReply, StreamRangeReply, StreamRangeReply) =
+            self.query_pipe(&pipe).await?;
+        let at = exact.and(at.ids.first().and_then(entry_event));
         let mut hw = (0, owner);
         for e in &last.ids {
             if let Some((seq, k)) = entry_seq(&e.id) {
@@ -169,16 +186,7 @@ impl Cluster {
             Some((seq, _)) => seq + 1,
             None => hw.0 + 1,
         };
-        Ok((hw, oldest.min(hw.0 + 1)))
-    }
-
-    /// The event entry with number `seq`, if Redis holds it.
-    async fn entry(&self, key: &str, seq: u64) -> redis::RedisResult<Option<EventId>> {
-        let id = format!("{seq}-0");
-        let r: StreamRangeReply = self
-            .query(redis::cmd("XRANGE").arg(key).arg(&id).arg(&id))
-            .await?;
-        Ok(r.ids.first().and_then(entry_event))
+        Ok((hw, oldest.min(hw.0 + 1), at))
     }
 }
 
@@ -341,10 +349,8 @@ async fn read_loop(
 /// reader of a session whose owner died ends once caught up, so the
 /// client's next request finds out what became of the session).
 async fn still_there(cluster: &Cluster, follow: &Follow) -> bool {
-    match cluster.record(follow.session).await {
-        Ok(Some(r)) if r.epoch == follow.epoch => {
-            cluster.owner_alive(r.owner, &r.boot).await.unwrap_or(false)
-        }
-        _ => false,
-    }
+    matches!(
+        cluster.record_and_owner(follow.session).await,
+        Ok(Some((r, true))) if r.epoch == follow.epoch
+    )
 }

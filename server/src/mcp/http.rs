@@ -989,7 +989,7 @@ async fn forward(
     let Some(cluster) = mcp.inner.options.cluster.as_ref() else {
         return not_found();
     };
-    let record = match cluster.record(id).await {
+    let (record, alive) = match cluster.record_and_owner(id).await {
         Ok(Some(r)) => r,
         Ok(None) => return not_found(),
         Err(_) => return redis_unreachable(),
@@ -1004,28 +1004,22 @@ async fn forward(
             ),
         );
     }
-    match cluster.owner_alive(record.owner, &record.boot).await {
-        Ok(true) => {}
-        Ok(false) => {
-            // Take it over and serve the request here (or, if another
-            // node was first, forward it there).
-            if mcp.take_over(id, &record).await.is_some() {
-                let req = Request::from_parts(parts, Body::from(body));
-                return if req.method() == Method::DELETE {
-                    Box::pin(handle_delete(State(mcp.clone()), req)).await
-                } else {
-                    Box::pin(handle_post(State(mcp.clone()), req)).await
-                };
-            }
-            return match cluster.record(id).await {
-                Ok(Some(r)) if r.boot != record.boot => {
-                    Box::pin(forward(mcp, id, parts, body)).await
-                }
-                Ok(_) => not_found(),
-                Err(_) => redis_unreachable(),
+    if !alive {
+        // Take it over and serve the request here (or, if another node was
+        // first, forward it there).
+        if mcp.take_over(id, &record).await.is_some() {
+            let req = Request::from_parts(parts, Body::from(body));
+            return if req.method() == Method::DELETE {
+                Box::pin(handle_delete(State(mcp.clone()), req)).await
+            } else {
+                Box::pin(handle_post(State(mcp.clone()), req)).await
             };
         }
-        Err(_) => return redis_unreachable(),
+        return match cluster.record(id).await {
+            Ok(Some(r)) if r.boot != record.boot => Box::pin(forward(mcp, id, parts, body)).await,
+            Ok(_) => not_found(),
+            Err(_) => redis_unreachable(),
+        };
     }
     let access = Access {
         session: Some(record.tag),
