@@ -479,7 +479,7 @@ impl Cluster {
         &self,
         id: SessionId,
     ) -> redis::RedisResult<Option<(Record, bool)>> {
-        let r: Option<(HashMap<String, Vec<u8>>, Option<String>)> = RECORD_AND_OWNER
+        let r: Option<(Fields, Option<String>)> = RECORD_AND_OWNER
             .key(keys::record(id))
             .invoke_async(&mut self.inner.conn.clone())
             .await
@@ -601,6 +601,9 @@ return {f, hb}
 ",
     )
 });
+
+/// A Redis hash as read back.
+type Fields = HashMap<String, Vec<u8>>;
 
 /// A session's record, as read back.
 #[derive(Debug, Clone)]
