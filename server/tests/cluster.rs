@@ -12,6 +12,11 @@
 //! - Redis restarted without persistence: the old session and cursor are
 //!   404 on every node within 5 s — never replayed — and a new session
 //!   works again.
+//! - A node SIGKILLed mid-call: once its heartbeat expired, its sessions
+//!   are taken over and resume through the survivors (every event Redis
+//!   held after the cursor once, then the takeover's error, or an explicit
+//!   `reset`); the other sessions resume to their result; all go on
+//!   working, and the survivors count the takeovers.
 //!
 //! The tests that need Redis are `#[ignore]`d (`cargo test --workspace`
 //! runs on machines without it); `.ci/cluster.sh` runs them with
@@ -119,6 +124,33 @@ fn redis_command(port: u16, command: &str) -> std::io::Result<String> {
     let mut line = String::new();
     BufReader::new(stream).read_line(&mut line)?;
     Ok(line.trim_end().to_owned())
+}
+
+/// One inline command whose reply is a bulk string: its text (`None` for
+/// a nil reply).
+fn redis_bulk(port: u16, command: &str) -> Result<Option<String>, String> {
+    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    let io = |e: std::io::Error| format!("redis {command}: {e}");
+    let mut stream = TcpStream::connect_timeout(&addr, Duration::from_millis(500)).map_err(io)?;
+    stream
+        .set_read_timeout(Some(Duration::from_secs(2)))
+        .map_err(io)?;
+    stream
+        .write_all(format!("{command}\r\n").as_bytes())
+        .map_err(io)?;
+    let mut r = BufReader::new(stream);
+    let mut line = String::new();
+    r.read_line(&mut line).map_err(io)?;
+    let len: i64 = match line.trim_end().strip_prefix('$').map(str::parse) {
+        Some(Ok(n)) => n,
+        _ => return Err(format!("redis {command}: answered {line:?}")),
+    };
+    if len < 0 {
+        return Ok(None);
+    }
+    line.clear();
+    r.read_line(&mut line).map_err(io)?;
+    Ok(Some(line.trim_end().to_owned()))
 }
 
 impl Redis {
@@ -230,6 +262,9 @@ impl Drop for Redis {
 struct Node {
     child: Child,
     url: String,
+    /// `http://127.0.0.1:PORT` of its admin surface, and its bearer token.
+    admin: String,
+    token: String,
     name: String,
     log: Log,
 }
@@ -243,7 +278,7 @@ impl Drop for Node {
 }
 
 /// `rewind serve` on free loopback ports with `args`; waits (60 s at most)
-/// for it to print its MCP endpoint.
+/// for it to print its MCP endpoint, admin surface and admin token.
 fn start_node(name: &str, args: &[String]) -> Node {
     let log = Log::new(name);
     let mut command = Command::new(env!("CARGO_BIN_EXE_rewind"));
@@ -272,6 +307,7 @@ fn start_node(name: &str, args: &[String]) -> Node {
     });
     let deadline = Instant::now() + Duration::from_secs(60);
     let mut seen = Vec::new();
+    let (mut url, mut admin) = (None, None);
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
         let line = match rx.recv_timeout(left) {
@@ -280,26 +316,72 @@ fn start_node(name: &str, args: &[String]) -> Node {
                 let _ = child.kill();
                 let _ = child.wait();
                 panic!(
-                    "{name}: rewind serve {args:?} did not print its MCP endpoint ({e:?}); \
-                     stdout {seen:?}; stderr:\n{}",
+                    "{name}: rewind serve {args:?} did not print its MCP endpoint, admin \
+                     surface and admin token ({e:?}); stdout {seen:?}; stderr:\n{}",
                     log.tail(30)
                 );
             }
         };
-        if let Some(url) = line.strip_prefix("rewind: MCP endpoint") {
-            let url = url.trim().to_owned();
+        if let Some(u) = line.strip_prefix("rewind: MCP endpoint") {
+            let u = u.trim().to_owned();
             assert!(
-                url.starts_with("http://127.0.0.1:") && url.ends_with("/mcp"),
-                "{url}"
+                u.starts_with("http://127.0.0.1:") && u.ends_with("/mcp"),
+                "{u}"
             );
+            url = Some(u);
+        } else if let Some(a) = line.strip_prefix("rewind: admin surface") {
+            let a = a.split_whitespace().next().unwrap_or_default().to_owned();
+            assert!(a.starts_with("http://127.0.0.1:"), "{a}");
+            admin = Some(a);
+        } else if let Some(t) = line.strip_prefix("rewind: admin token") {
+            let (Some(url), Some(admin)) = (url.take(), admin.take()) else {
+                panic!("{name}: the admin token before the endpoints: {seen:?}");
+            };
             return Node {
                 child,
                 url,
+                admin,
+                token: t.trim().to_owned(),
                 name: name.to_owned(),
                 log,
             };
         }
         seen.push(line);
+    }
+}
+
+impl Node {
+    /// The value of counter `name` in the node's `/metrics` (summed over
+    /// its label sets).
+    fn counter(&self, http: &reqwest::blocking::Client, name: &str) -> Result<f64, String> {
+        let resp = http
+            .get(format!("{}/metrics", self.admin))
+            .bearer_auth(&self.token)
+            .send()
+            .map_err(|e| format!("{}: GET /metrics: {e}", self.name))?;
+        let status = resp.status();
+        let text = resp
+            .text()
+            .map_err(|e| format!("{}: /metrics: {e}", self.name))?;
+        if status != 200 {
+            return Err(format!(
+                "{}: GET /metrics answered {status}: {text}",
+                self.name
+            ));
+        }
+        let values: Vec<f64> = text
+            .lines()
+            .filter(|l| !l.starts_with('#'))
+            .filter_map(|l| {
+                let (series, value) = l.rsplit_once(' ')?;
+                let metric = series.split('{').next()?;
+                (metric == name || metric == format!("{name}_total")).then(|| value.parse().ok())?
+            })
+            .collect();
+        if values.is_empty() {
+            return Err(format!("{}: no {name} in /metrics:\n{text}", self.name));
+        }
+        Ok(values.iter().sum())
     }
 }
 
@@ -848,6 +930,160 @@ impl Call {
     }
 }
 
+/// The error a call gets on its stream when the node running it died and
+/// another node took its session over.
+const TAKEOVER_MESSAGE: &str =
+    "the node serving this request died while it was running; it was not completed";
+/// The 503 a node answers while it cannot take a session over yet.
+const OWNER_GONE: &str = "the node that owned this session is gone";
+/// How long after a node is killed its sessions may answer 503 (its
+/// heartbeat key expires after 3 s).
+const OWNER_LOSS_LIMIT: Duration = Duration::from_secs(10);
+
+/// How the resume of a call whose node may have died ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ending {
+    /// Every event after the cursor, then the call's result.
+    Result,
+    /// Every event after the cursor that Redis held, then the error the
+    /// node that took the session over answered the call with.
+    Lost,
+    /// An explicit `reset` first (the cursor's event was lost with the
+    /// node): a fresh stream, nothing replayed.
+    Reset,
+}
+
+impl Call {
+    /// Takes the error response to the call (its node died), checked like
+    /// any event: the session's, after the cursor on the same stream, and
+    /// saying why.
+    fn accept_lost(&mut self, f: &Frame, v: &Value) -> Result<(), String> {
+        let raw = f.id.clone().unwrap_or_default();
+        let data = f.data.clone().unwrap_or_default();
+        let id = EventId::parse(&raw).map_err(|e| {
+            format!(
+                "error response id {raw:?} does not parse ({e}): {data}; {}",
+                self.evidence()
+            )
+        })?;
+        let (_, cursor) = *self.cursor.as_ref().expect("a resumed call has a cursor");
+        if id.tag != self.session.tag
+            || id.epoch != cursor.epoch
+            || id.stream != cursor.stream
+            || id.seq <= cursor.seq
+        {
+            return Err(format!(
+                "error response {raw} is not after {cursor} on the same stream: {data}; {}",
+                self.evidence()
+            ));
+        }
+        if self.done {
+            return Err(format!(
+                "error response {raw} after the call was answered: {data}; {}",
+                self.evidence()
+            ));
+        }
+        let message = v["error"]["message"].as_str().unwrap_or_default();
+        if message != TAKEOVER_MESSAGE {
+            return Err(format!(
+                "the call was answered with an error other than the takeover's: {data}; {}",
+                self.evidence()
+            ));
+        }
+        self.done = true;
+        self.cursor = Some((raw.clone(), id));
+        self.log.push((raw, data));
+        Ok(())
+    }
+}
+
+/// Resumes `c` with `GET` + `Last-Event-ID` on `url` after a node died:
+/// retried while the node answers 503 "owner gone" (for at most
+/// [`OWNER_LOSS_LIMIT`]), then it must be answered 200 and either open
+/// with a `reset` (then the stream is left), or carry every event after
+/// the cursor once, in order, then the result or the takeover's error,
+/// then end, within [`RESUME_LIMIT`].
+fn resume_after_loss(
+    http: &reqwest::blocking::Client,
+    url: &str,
+    c: &mut Call,
+) -> Result<Ending, String> {
+    let cursor = c.cursor_text().to_owned();
+    let mut refused = String::new();
+    let resp = poll(OWNER_LOSS_LIMIT, || {
+        let sent = http
+            .get(url)
+            .header("Accept", "text/event-stream")
+            .header("Mcp-Session-Id", &c.session.id)
+            .header("MCP-Protocol-Version", "2025-06-18")
+            .header("Last-Event-ID", &cursor)
+            .timeout(RESUME_LIMIT)
+            .send();
+        match sent {
+            Ok(resp) if resp.status() == 503 => {
+                refused = resp.text().unwrap_or_default();
+                if refused.contains(OWNER_GONE) {
+                    None
+                } else {
+                    Some(Err(format!("answered 503 {refused}")))
+                }
+            }
+            Ok(resp) if resp.status() == 200 => Some(Ok(resp)),
+            Ok(resp) => {
+                let status = resp.status();
+                Some(Err(format!(
+                    "answered {status} {}",
+                    resp.text().unwrap_or_default()
+                )))
+            }
+            Err(e) => Some(Err(e.to_string())),
+        }
+    })
+    .unwrap_or_else(|| Err(format!("still 503 after {OWNER_LOSS_LIMIT:?}: {refused}")))
+    .map_err(|e| format!("resume from {cursor} on {url}: {e}; {}", c.evidence()))?;
+    let started = Instant::now();
+    let mut ending = None;
+    let mut first = true;
+    frames(resp, |f| {
+        let opening = std::mem::replace(&mut first, false);
+        if f.event.as_deref() == Some("reset") {
+            if !opening {
+                return Err(format!("`reset` mid-stream: {f:?}; {}", c.evidence()));
+            }
+            ending = Some(Ending::Reset);
+            return Ok(false);
+        }
+        let message = f.data.as_deref().and_then(|d| serde_json::from_str(d).ok());
+        if let Some(v) =
+            message.filter(|v: &Value| v["id"] == json!(c.request) && v.get("error").is_some())
+        {
+            c.accept_lost(&f, &v)?;
+            ending = Some(Ending::Lost);
+            return Ok(true);
+        }
+        c.accept(&f, true)?;
+        if c.done {
+            ending = Some(Ending::Result);
+        }
+        Ok(true)
+    })?
+    .map_err(|e| {
+        format!(
+            "resume from {cursor} on {url} did not end cleanly after {:?} ({e}); {}",
+            started.elapsed(),
+            c.evidence()
+        )
+    })?;
+    ending.ok_or_else(|| {
+        format!(
+            "resume from {cursor} on {url} ended after {:?} without the result, the \
+             takeover's error or a reset; {}",
+            started.elapsed(),
+            c.evidence()
+        )
+    })
+}
+
 /// POSTs a `progress_stream` call and reads its stream: to the end, or
 /// only until `cut_after` progress events (0: the priming event alone),
 /// then drops the connection (the call goes on on its node). Returns the
@@ -1297,4 +1533,195 @@ fn a_redis_restart_forgets_sessions_and_never_replays_them() {
     let s = initialize(&http, proxy);
     let (mut c, _) = call(&http, proxy, &s, Some(4)).unwrap();
     resume(&http, proxy, &mut c).unwrap();
+}
+
+/// A node SIGKILLed while calls stream: once its heartbeat expired, every
+/// session resumes through the surviving nodes. A session the dead node
+/// owned is taken over: its resume carries every event after the cursor
+/// that Redis held, exactly once and in order, then the takeover's error
+/// for the call (or opens with an explicit `reset` when the cursor's event
+/// was lost with the node); a session a surviving node owns, whose stream
+/// went through the dead node or not, resumes to its result. Every session
+/// then answers `ping` and runs a new call on both surviving nodes, and
+/// the survivors count the takeovers.
+#[test]
+#[ignore = "needs redis-server: .ci/cluster.sh runs them"]
+fn a_killed_nodes_sessions_resume_through_the_others() {
+    /// Long calls: still running on the survivors when the heartbeat expires.
+    const CALL: (u32, u64) = (300, 20);
+    // (name, node answering `initialize`, node the call is posted to
+    // (`None`: through the round-robin proxy), progress read before the cut)
+    let cases: [(&str, Option<usize>, Option<usize>, u32); 7] = [
+        ("owner killed, call on the owner", Some(0), Some(0), 10),
+        ("owner killed, call forwarded", Some(0), Some(1), 10),
+        ("owner killed, cut at priming", Some(0), Some(2), 0),
+        ("owner killed, resumed twice at once", Some(0), Some(0), 25),
+        ("forwarding node killed", Some(1), Some(0), 10),
+        ("owner and stream elsewhere", Some(2), Some(2), 10),
+        ("through the proxy", None, None, 10),
+    ];
+    let mut cluster = Cluster::start(3);
+    let http = client();
+    let port = cluster.redis.port;
+    let owner_of = |s: &Session| -> u16 {
+        let owner = redis_bulk(port, &format!("HGET rewind:s:{{{}}} owner", s.id))
+            .unwrap_or_else(|e| panic!("{e}"))
+            .unwrap_or_else(|| panic!("no record of session {} in Redis", s.id));
+        owner
+            .parse()
+            .unwrap_or_else(|e| panic!("owner {owner:?}: {e}"))
+    };
+
+    let set_up = Instant::now();
+    let mut calls = Vec::new();
+    for &(name, init_on, call_on, cut) in &cases {
+        let at = |on: Option<usize>| on.map_or(cluster.proxy.url.as_str(), |i| cluster.node(i));
+        let s = initialize(&http, at(init_on));
+        let (c, _) = call_with(&http, at(call_on), &s, CALL, Some(cut))
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_eq!(c.progress, cut, "{name}");
+        let owner = owner_of(&s);
+        if let Some(i) = init_on {
+            assert_eq!(usize::from(owner), i + 1, "{}: the record's owner", name);
+        }
+        calls.push((c, owner));
+    }
+
+    // SIGKILL node 1 while every call still runs.
+    assert!(
+        set_up.elapsed() < Duration::from_millis(u64::from(CALL.0) * CALL.1 / 2),
+        "the calls took {:?} to set up: the first may be over",
+        set_up.elapsed()
+    );
+    let killed = Instant::now();
+    cluster.nodes[0].child.kill().expect("SIGKILL node 1");
+    cluster.nodes[0].child.wait().expect("node 1 exits");
+    let expired = poll(OWNER_LOSS_LIMIT, || {
+        (redis_command(port, "EXISTS rewind:node:1").ok()? == ":0").then_some(())
+    });
+    assert!(
+        expired.is_some(),
+        "node 1's heartbeat key still exists {OWNER_LOSS_LIMIT:?} after SIGKILL"
+    );
+    eprintln!(
+        "node 1's heartbeat expired {:?} after SIGKILL",
+        killed.elapsed()
+    );
+
+    // Resume every session at once through the survivors; one of them
+    // twice at once, once on each survivor (both race to take it over).
+    let survivors = [cluster.node(1).to_owned(), cluster.node(2).to_owned()];
+    let jobs: Vec<(usize, usize)> = cases
+        .iter()
+        .enumerate()
+        .flat_map(|(i, (name, ..))| {
+            let times = if name.contains("twice") { 2 } else { 1 };
+            (0..times).map(move |k| (i, k))
+        })
+        .collect();
+    let mut endings: Vec<Vec<(Ending, Call)>> = cases.iter().map(|_| Vec::new()).collect();
+    std::thread::scope(|scope| {
+        let threads: Vec<_> = jobs
+            .iter()
+            .map(|&(i, k)| {
+                let (http, url, name) = (&http, &survivors[(i + k) % 2], cases[i].0);
+                let mut c = calls[i].0.clone();
+                scope.spawn(move || {
+                    let ending = resume_after_loss(http, url, &mut c)
+                        .unwrap_or_else(|e| panic!("{name}: {e}"));
+                    (i, ending, c)
+                })
+            })
+            .collect();
+        for t in threads {
+            let (i, ending, c) = t.join().expect("resume thread");
+            endings[i].push((ending, c));
+        }
+    });
+
+    let mut taken_over = 0;
+    for ((&(name, ..), (c, owner)), resumes) in cases.iter().zip(&calls).zip(&endings) {
+        let dead_owner = *owner == 1;
+        for (ending, resumed) in resumes {
+            eprintln!(
+                "{name}: owner node {owner}, cut after {}: {ending:?} after {} progress",
+                c.progress, resumed.progress
+            );
+            if dead_owner {
+                assert_ne!(
+                    *ending,
+                    Ending::Result,
+                    "{name}: a call whose node died was answered; {}",
+                    resumed.evidence()
+                );
+            } else {
+                assert_eq!(
+                    (*ending, resumed.progress),
+                    (Ending::Result, CALL.0),
+                    "{name}: the owner lives; {}",
+                    resumed.evidence()
+                );
+            }
+        }
+        if let [(a, ca), (b, cb)] = resumes.as_slice() {
+            // Two resumes from one cursor deliver the same.
+            if (*a, *b) == (Ending::Lost, Ending::Lost) {
+                assert_eq!(ca.log, cb.log, "{name}: the two resumes differ");
+            }
+        }
+        if dead_owner {
+            taken_over += 1;
+            let now = owner_of(&c.session);
+            assert!(
+                now == 2 || now == 3,
+                "{name}: owner after the takeover: {now}"
+            );
+        }
+        // A `Lost` call replays the same from its priming event, everywhere.
+        if let Some((Ending::Lost, resumed)) = resumes.first() {
+            for url in &survivors {
+                let mut again = c.rewound();
+                assert_eq!(
+                    resume_after_loss(&http, url, &mut again),
+                    Ok(Ending::Lost),
+                    "{name}: replay of the whole call"
+                );
+                assert_eq!(
+                    again.progress,
+                    resumed.progress,
+                    "{name}: {}",
+                    again.evidence()
+                );
+            }
+        }
+        // The session goes on: `ping` and a new call on both survivors.
+        for url in &survivors {
+            assert_eq!(
+                ping(&http, url, &c.session),
+                Ok(200),
+                "{name}: ping on {url}"
+            );
+            let (done, _) = call_with(&http, url, &c.session, (5, 5), None)
+                .unwrap_or_else(|e| panic!("{name}: a new call on {url}: {e}"));
+            assert!(done.done, "{name}");
+        }
+    }
+    assert!(
+        taken_over >= 3,
+        "only {taken_over} sessions were owned by node 1"
+    );
+
+    let counted: f64 = cluster.nodes[1..]
+        .iter()
+        .map(|n| n.counter(&http, "rewind_cluster_takeovers").unwrap())
+        .sum();
+    assert!(
+        counted >= 1.0,
+        "rewind_cluster_takeovers on nodes 2 and 3: {counted}"
+    );
+    assert_eq!(
+        counted,
+        f64::from(taken_over),
+        "rewind_cluster_takeovers on nodes 2 and 3 against the sessions node 1 owned"
+    );
 }
