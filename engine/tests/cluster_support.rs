@@ -100,7 +100,10 @@ fn an_adopted_session_numbers_its_events_after_the_shared_tiers_and_keeps_tag_an
     assert_eq!(s.epoch(), 77);
     assert_eq!(s.principal(), Some("alice"));
     let e = s.append(2, b"after").unwrap();
-    assert_eq!((e.tag, e.node, e.epoch, e.stream, e.seq), (0xabc, 3, 77, 2, 41));
+    assert_eq!(
+        (e.tag, e.node, e.epoch, e.stream, e.seq),
+        (0xabc, 3, 77, 2, 41)
+    );
     let sid = id.to_string();
     let resume = |cursor: EventId| {
         engine.resume(ResumeRequest {
@@ -136,10 +139,22 @@ fn decide_clamps_facts_from_elsewhere_to_the_safe_set() {
     for (session, cursor, want) in [
         (SessionFact::Remote, CursorFact::InWindow, Verdict::Resume),
         (SessionFact::Remote, CursorFact::Foreign, Verdict::Conflict),
-        (SessionFact::OwnerLost, CursorFact::OlderEpoch, Verdict::FreshReset),
-        (SessionFact::OwnerLost, CursorFact::BeforeWindow, Verdict::FreshGap),
+        (
+            SessionFact::OwnerLost,
+            CursorFact::OlderEpoch,
+            Verdict::FreshReset,
+        ),
+        (
+            SessionFact::OwnerLost,
+            CursorFact::BeforeWindow,
+            Verdict::FreshGap,
+        ),
         (SessionFact::Unknown, CursorFact::Unchecked, Verdict::Gone),
-        (SessionFact::WrongPrincipal, CursorFact::Absent, Verdict::Conflict),
+        (
+            SessionFact::WrongPrincipal,
+            CursorFact::Absent,
+            Verdict::Conflict,
+        ),
     ] {
         let d = engine.decide(ResumeFacts::new(session, cursor));
         assert_eq!(d.verdict, want, "{session:?} {cursor:?}");
