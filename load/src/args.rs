@@ -81,11 +81,52 @@ pub enum Expect {
     Record,
 }
 
+/// How requests are spread over several `--url`s.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, ValueEnum)]
+pub enum Route {
+    /// Every request goes to the next URL in turn, whatever its session
+    /// (the nodes forward to the session's owner).
+    #[default]
+    RoundRobin,
+    /// Sessions go to the URLs in turn, and every request of a session goes
+    /// to the URL its `initialize` went to, as a load balancer with session
+    /// affinity by `Mcp-Session-Id` routes them.
+    Sticky,
+}
+
+impl Route {
+    /// The name on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Route::RoundRobin => "round-robin",
+            Route::Sticky => "sticky",
+        }
+    }
+
+    /// The index of the URL (of `urls`, at least one) that a request goes
+    /// to: the `request`-th request of the run, of the session whose fresh
+    /// `initialize` was the `session`-th of the run (both from 0).
+    /// Round-robin follows the run's requests, sticky the session.
+    pub fn target(self, urls: usize, session: usize, request: usize) -> usize {
+        debug_assert!(urls > 0, "at least one URL");
+        match self {
+            Route::RoundRobin => request % urls,
+            Route::Sticky => session % urls,
+        }
+    }
+}
+
+impl fmt::Display for Route {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
 /// `rewind load`: load an MCP Streamable HTTP server and verify every event.
 #[derive(Debug, Clone, Args)]
 pub struct LoadArgs {
     /// MCP endpoint(s); repeat the flag or separate with commas. Requests are
-    /// spread round-robin over them.
+    /// spread over them as `--route` says.
     #[arg(
         long = "url",
         value_name = "URL",
@@ -93,6 +134,12 @@ pub struct LoadArgs {
         value_delimiter = ','
     )]
     pub urls: Vec<String>,
+    /// How requests are spread over several URLs: round-robin sends each
+    /// request to the next URL; sticky sends sessions to the URLs in turn and
+    /// every request of a session to the URL of its `initialize` (a load
+    /// balancer with affinity by Mcp-Session-Id)
+    #[arg(long, value_enum, default_value_t = Route::RoundRobin)]
+    pub route: Route,
     /// Concurrent sessions
     #[arg(long, default_value_t = 20, value_name = "N")]
     pub sessions: u32,
@@ -171,6 +218,7 @@ impl LoadArgs {
     pub fn new(urls: Vec<String>, profile: Profile) -> LoadArgs {
         LoadArgs {
             urls,
+            route: Route::RoundRobin,
             sessions: 20,
             duration: Duration::from_secs(10),
             profile,
@@ -284,6 +332,49 @@ mod tests {
             .tool_args()
             .unwrap()
             .is_empty());
+    }
+
+    #[test]
+    fn round_robin_follows_the_run_s_requests_and_sticky_the_session() {
+        // Request k of the run, of the session opened s-th, over 3 URLs.
+        for s in 0..7 {
+            for k in 0..10 {
+                assert_eq!(Route::RoundRobin.target(3, s, k), k % 3);
+                assert_eq!(Route::Sticky.target(3, s, k), s % 3);
+            }
+        }
+        // Sticky: sessions in turn, each one's requests all on its URL.
+        let homes: Vec<usize> = (0..6).map(|s| Route::Sticky.target(3, s, 0)).collect();
+        assert_eq!(homes, [0, 1, 2, 0, 1, 2]);
+        assert!((0..50).all(|k| Route::Sticky.target(3, 4, k) == 1));
+        // Round-robin: consecutive requests of the run take the URLs in turn.
+        let rr: Vec<usize> = (0..6).map(|k| Route::RoundRobin.target(3, 0, k)).collect();
+        assert_eq!(rr, [0, 1, 2, 0, 1, 2]);
+        // One URL: always it.
+        for (s, k) in [(0, 0), (5, 9), (usize::MAX, usize::MAX)] {
+            assert_eq!(Route::RoundRobin.target(1, s, k), 0);
+            assert_eq!(Route::Sticky.target(1, s, k), 0);
+        }
+    }
+
+    #[test]
+    fn the_route_flag_defaults_to_round_robin_and_parses_sticky() {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct Cli {
+            #[command(flatten)]
+            load: LoadArgs,
+        }
+        let url = "--url=http://127.0.0.1:1/mcp";
+        let a = Cli::try_parse_from(["load", url]).unwrap().load;
+        assert_eq!(a.route, Route::RoundRobin);
+        let a = Cli::try_parse_from(["load", url, "--route", "sticky"])
+            .unwrap()
+            .load;
+        assert_eq!(a.route, Route::Sticky);
+        assert!(Cli::try_parse_from(["load", url, "--route", "random"]).is_err());
+        assert_eq!(Route::Sticky.to_string(), "sticky");
+        assert_eq!(Route::RoundRobin.to_string(), "round-robin");
     }
 
     #[test]

@@ -279,6 +279,9 @@ pub struct Client {
     /// Index in the run.
     pub index: u32,
     conns: Vec<Option<Conn>>,
+    /// This session's number among the run's fresh `initialize`s (where
+    /// sticky routing sends its requests).
+    routed_as: usize,
     /// `Mcp-Session-Id`, once initialised.
     pub session_id: Option<String>,
     protocol: Option<String>,
@@ -300,6 +303,7 @@ impl Client {
             run,
             index,
             conns: (0..n).map(|_| None).collect(),
+            routed_as: 0,
             session_id: None,
             protocol: None,
             next_id: 1,
@@ -371,7 +375,7 @@ impl Client {
         cursor: Option<&str>,
         session: Option<&str>,
     ) -> Result<(usize, Answer), HttpError> {
-        let node = self.run.nodes.pick();
+        let node = self.run.nodes.pick(self.routed_as);
         let req = {
             let mut headers: Vec<(&str, &str)> = Vec::with_capacity(3);
             if let Some(s) = session.or(self.session_id.as_deref()) {
@@ -416,6 +420,7 @@ impl Client {
         if same_session.is_none() {
             self.session_id = None;
             self.protocol = None;
+            self.routed_as = self.run.nodes.open_session();
         }
         let (node, answer) = self
             .send(

@@ -18,6 +18,8 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::{HeaderMap, Method, Request, StatusCode, Uri};
+
+use crate::args::Route;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::client::conn::http1::SendRequest;
@@ -131,17 +133,28 @@ impl Node {
 #[derive(Debug)]
 pub struct Nodes {
     nodes: Vec<Node>,
+    route: Route,
+    /// Requests sent so far (round-robin).
     next: AtomicUsize,
+    /// Sessions opened so far (sticky).
+    sessions: AtomicUsize,
 }
 
 impl Nodes {
-    /// Round-robin over `nodes` (at least one).
-    pub fn new(nodes: Vec<Node>) -> Nodes {
+    /// `nodes` (at least one), requests spread as `route` says.
+    pub fn new(nodes: Vec<Node>, route: Route) -> Nodes {
         assert!(!nodes.is_empty(), "at least one node");
         Nodes {
             nodes,
+            route,
             next: AtomicUsize::new(0),
+            sessions: AtomicUsize::new(0),
         }
+    }
+
+    /// How requests are spread.
+    pub fn route(&self) -> Route {
+        self.route
     }
 
     /// How many nodes.
@@ -154,12 +167,26 @@ impl Nodes {
         self.nodes.is_empty()
     }
 
-    /// The index of the node for the next request.
-    pub fn pick(&self) -> usize {
+    /// The number of a new session (a fresh `initialize`) in the run,
+    /// which places it under sticky routing.
+    pub fn open_session(&self) -> usize {
+        if self.nodes.len() == 1 || self.route != Route::Sticky {
+            return 0;
+        }
+        self.sessions.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// The index of the node for the next request of the session numbered
+    /// `session` by [`Nodes::open_session`].
+    pub fn pick(&self, session: usize) -> usize {
         if self.nodes.len() == 1 {
             return 0;
         }
-        self.next.fetch_add(1, Ordering::Relaxed) % self.nodes.len()
+        let request = match self.route {
+            Route::RoundRobin => self.next.fetch_add(1, Ordering::Relaxed),
+            Route::Sticky => 0,
+        };
+        self.route.target(self.nodes.len(), session, request)
     }
 
     /// Node `i`.

@@ -34,7 +34,7 @@ use std::time::Duration;
 
 use indicatif::{ProgressBar, ProgressStyle};
 
-pub use args::{Expect, LoadArgs, Profile};
+pub use args::{Expect, LoadArgs, Profile, Route};
 pub use report::Report;
 
 use client::RunContext;
@@ -74,7 +74,7 @@ pub async fn run(args: &LoadArgs) -> Result<Report, LoadError> {
     let seed = args.seed.unwrap_or_else(|| fastrand::u64(..));
     let settings = Settings::from_args(args, seed);
     let mut ctx = RunContext::new(
-        Nodes::new(nodes),
+        Nodes::new(nodes, args.route),
         Timeouts {
             connect: args.connect_timeout,
             headers: args.timeout,

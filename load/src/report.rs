@@ -18,6 +18,8 @@ pub struct Report {
     pub profile: String,
     /// The URLs loaded.
     pub urls: Vec<String>,
+    /// How requests were spread over them (`round-robin`, `sticky`).
+    pub route: String,
     /// The server's `serverInfo` name and version.
     pub server: Option<ServerInfo>,
     /// Whether probe answers were held to Rewind's decision table.
@@ -326,6 +328,7 @@ impl Report {
         Report {
             profile: s.profile.name().to_owned(),
             urls,
+            route: ctx.nodes.route().name().to_owned(),
             server: ctx
                 .server()
                 .map(|(name, version)| ServerInfo { name, version }),
@@ -400,9 +403,10 @@ impl Report {
         );
         let _ = writeln!(
             o,
-            "rewind load: profile {} against {} ({server})",
+            "rewind load: profile {} against {} ({server}); route {}",
             self.profile,
-            self.urls.join(", ")
+            self.urls.join(", "),
+            self.route
         );
         let _ = writeln!(
             o,
