@@ -1725,3 +1725,55 @@ fn a_killed_nodes_sessions_resume_through_the_others() {
         "rewind_cluster_takeovers on nodes 2 and 3 against the sessions node 1 owned"
     );
 }
+
+/// Redis unreachable: the owner goes on serving its sessions (calls
+/// included), another node answers their requests with a clear 503, and
+/// `rewind_cluster_redis_up` says so until Redis answers again.
+#[test]
+#[ignore = "needs redis-server: .ci/cluster.sh runs them"]
+fn with_redis_unreachable_local_sessions_go_on_and_other_nodes_answer_503() {
+    let mut cluster = Cluster::start(2);
+    let http = client();
+    let s = initialize(&http, cluster.node(0));
+    assert_eq!(ping(&http, cluster.node(1), &s), Ok(200), "forwarded ping");
+    let up = |node: usize| cluster.nodes[node].counter(&http, "rewind_cluster_redis_up");
+    assert_eq!(up(0), Ok(1.0));
+
+    cluster.redis.kill();
+    // The owner: its session works as before, calls included.
+    assert_eq!(ping(&http, cluster.node(0), &s), Ok(200), "local ping");
+    let (c, _) = call(&http, cluster.node(0), &s, None).unwrap();
+    assert_eq!(c.progress, COUNT, "{}", c.evidence());
+    // Another node: a clear refusal, for POST and GET alike.
+    let id = NEXT_REQUEST.fetch_add(1, Ordering::Relaxed);
+    let resp = post(
+        &http,
+        cluster.node(1),
+        Some(&s.id),
+        &json!({"jsonrpc":"2.0","id":id,"method":"ping"}),
+    )
+    .unwrap();
+    assert_eq!(resp.status().as_u16(), 503);
+    let body = resp.text().unwrap();
+    assert!(body.contains("Redis is unreachable"), "{body}");
+    assert_eq!(
+        get_status(&http, cluster.node(1), Some(&s.id), None),
+        Ok(503)
+    );
+    let down = poll(Duration::from_secs(5), || (up(0) == Ok(0.0)).then_some(()));
+    assert!(down.is_some(), "redis_up on node 1: {:?}", up(0));
+
+    // Back (empty: this one has no persistence): every node sees it.
+    cluster.redis.restart();
+    for node in 0..2 {
+        let back = poll(Duration::from_secs(10), || {
+            (up(node) == Ok(1.0)).then_some(())
+        });
+        assert!(
+            back.is_some(),
+            "redis_up on node {}: {:?}",
+            node + 1,
+            up(node)
+        );
+    }
+}
