@@ -25,7 +25,8 @@ fn all_facts(seed: u64) -> impl Iterator<Item = ResumeFacts> {
 fn the_default_plugin_agrees_with_the_reference_on_every_row() {
     let host = PolicyHost::with_default_policy().unwrap();
     let rows = vectors::decision_table();
-    assert_eq!(rows.len(), 56);
+    // 9 session facts × 8 cursor facts (policy ABI 3).
+    assert_eq!(rows.len(), 72);
     for facts in rows {
         let wasm = host.decide(&facts);
         let native = NativePolicy.decide(&facts);
