@@ -15,7 +15,7 @@
 //!   (`tag-node-epoch-stream-seq`), so a cursor names the node that
 //!   appended its event. A cursor that reaches a node is classified against
 //!   the session's *record* and the events Redis holds
-//!   ([`remote`]), never against whatever the node has locally: a foreign
+//!   (the `remote` module), never against whatever the node has locally: a foreign
 //!   or stale cursor is refused on every node.
 //! - **Replication.** The owner copies every event of a session, in
 //!   sequence order, to the session's Redis Stream
@@ -24,7 +24,7 @@
 //!   the cursor's entry by id. Control entries (`<seq>-<k>`, k ≥ 1) mark
 //!   where a request stream closed and where the session ended. Writes
 //!   are batched per round of the replicator task, off the appending
-//!   thread ([`replicate`]), and trimmed with `MAXLEN ~` to the session's
+//!   thread (the `replicate` module), and trimmed with `MAXLEN ~` to the session's
 //!   retention.
 //! - **Reads anywhere.** A `GET` for a session another node owns is
 //!   decided by the same policy on facts from the record and the stream
@@ -206,7 +206,7 @@ pub(crate) fn ms(d: Duration) -> u64 {
 impl Cluster {
     /// Connects to the cluster's Redis, joins the cluster epoch and claims
     /// a node id (the configured one, or the next free one). Nothing runs
-    /// until [`Cluster::start`].
+    /// until an endpoint with it in its options builds its router.
     pub async fn connect(
         settings: &ClusterSettings,
         options: ClusterOptions,
