@@ -5,7 +5,8 @@
 #      port 6379);
 #   2. the cluster integration tests (server/tests/cluster.rs, ignored by
 #      `cargo test --workspace`), each with its own redis-server and nodes;
-#   3. `rewind load --profile resume` spread round-robin over three nodes
+#   3. `rewind load` over three nodes: resume (round-robin and sticky),
+#      adversarial (foreign, stale, future, dead cursors) and throughput
 #      sharing one redis-server: zero violations, zero errors, every node
 #      still running afterwards.
 #   Then a new redis-server and three nodes for the external clients:
@@ -167,7 +168,7 @@ else
 fi
 
 # --- 3. rewind load over three nodes sharing one redis-server ----------------------
-step "rewind load --profile resume over $NODES nodes sharing one redis-server"
+step "rewind load (resume both routes, adversarial, throughput) over $NODES nodes sharing one redis-server"
 # Answers PING with +PONG within a second.
 redis_pong() { # PORT
     (
@@ -253,19 +254,28 @@ URL_LIST=$(
     IFS=,
     echo "${URLS[*]}"
 )
-if timeout 180 "$BIN" load --url "$URL_LIST" --sessions 10 --duration "$DURATION" --profile resume \
-    --expect table --quiet --json "$WORK/load.json" >"$WORK/load.txt" 2>&1 &&
-    python3 -c '
+# The profiles that resume (round-robin and sticky), that probe with
+# foreign, stale, future and dead cursors, and that stream: every run must
+# have zero violations and zero errors.
+for run in "resume round-robin" "resume sticky" "adversarial round-robin" "throughput round-robin"; do
+    read -r profile route <<<"$run"
+    name="load $profile --route $route over $NODES nodes"
+    json="$WORK/load-$profile-$route.json"
+    text="$WORK/load-$profile-$route.txt"
+    if timeout 180 "$BIN" load --url "$URL_LIST" --route "$route" --sessions 10 --duration "$DURATION" \
+        --profile "$profile" --expect table --quiet --json "$json" >"$text" 2>&1 &&
+        python3 -c '
 import json, sys
 r = json.load(open(sys.argv[1]))
 v, e = r.get("violation_count"), r.get("error_count")
 if v != 0 or e != 0:
-    sys.exit("violations %r, errors %r" % (v, e))' "$WORK/load.json" >>"$WORK/load.txt" 2>&1; then
-    pass "load resume over $NODES nodes: $(grep -E '^  (events|verification) ' "$WORK/load.txt" | tr -s ' ' | tr '\n' ';')"
-else
-    fail "load resume over $NODES nodes (exit $?):"
-    sed 's/^/    | /' "$WORK/load.txt" | head -n 60
-fi
+    sys.exit("violations %r, errors %r" % (v, e))' "$json" >>"$text" 2>&1; then
+        pass "$name: $(grep -E '^  (events|verification) ' "$text" | tr -s ' ' | tr '\n' ';')"
+    else
+        fail "$name (exit $?):"
+        sed 's/^/    | /' "$text" | head -n 60
+    fi
+done
 
 check_group "" "after the load"
 for pid in "${G_PIDS[@]}" "$G_REDIS_PID"; do stop_pid "$pid"; done

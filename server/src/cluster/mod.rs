@@ -454,6 +454,20 @@ impl Cluster {
         self.query_pipe(&pipe).await
     }
 
+    /// Deletes the record of session `id` (epoch `epoch`) if this node
+    /// owns it: a `DELETE` answered 204 is gone on every node from then on
+    /// (its end entry follows through the replicator).
+    pub(crate) async fn drop_record(&self, id: SessionId, epoch: u64) -> redis::RedisResult<()> {
+        DROP_RECORD
+            .key(keys::record(id))
+            .arg(&self.inner.boot)
+            .arg(format!("{epoch:x}"))
+            .invoke_async::<i64>(&mut self.inner.conn.clone())
+            .await
+            .inspect_err(|e| self.note(!is_connection_error(e)))
+            .map(|_| self.note(true))
+    }
+
     /// Ends session `id` (epoch `epoch`) in Redis: its record and events
     /// go.
     pub(crate) async fn forget(&self, id: SessionId, epoch: u64) {
@@ -598,6 +612,19 @@ for i = 1, #f, 2 do if f[i] == 'owner' then owner = f[i + 1] end end
 local hb = false
 if owner then hb = redis.call('GET', 'rewind:node:' .. owner) end
 return {f, hb}
+",
+    )
+});
+
+/// Deletes a record if it names this node's boot and the epoch given.
+static DROP_RECORD: LazyLock<redis::Script> = LazyLock::new(|| {
+    redis::Script::new(
+        r"
+if redis.call('HGET', KEYS[1], 'boot') == ARGV[1]
+  and redis.call('HGET', KEYS[1], 'epoch') == ARGV[2] then
+  return redis.call('DEL', KEYS[1])
+end
+return 0
 ",
     )
 });

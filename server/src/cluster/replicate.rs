@@ -118,9 +118,12 @@ impl SessionReplica {
 }
 
 /// Writes one session's share of a round, if this node still owns it
-/// (the record names this node's boot): a node that stalled past its
-/// heartbeat and whose sessions were taken over meanwhile must not write
-/// into them. Each event or control entry is added unless Redis has it
+/// (the record names this node's boot and the session's epoch): a node
+/// that stalled past its heartbeat and whose sessions were taken over
+/// meanwhile must not write into them. A session whose record is gone
+/// (deleted by its `DELETE` before the answer, expired, or lost with
+/// Redis's data) gets only its last events and its end entry, so readers
+/// elsewhere end with it. Each event or control entry is added unless Redis has it
 /// already (a round retried after a broken connection), so a retry writes
 /// nothing twice. Returns 1, or 0 when this node no longer owns the
 /// session.
@@ -129,8 +132,13 @@ impl SessionReplica {
 /// `e id i d` (event), `c id stream` (close), `x id` (end), `h blob`
 /// (the record's `init`).
 const WRITE: &str = r"
-if redis.call('HGET', KEYS[1], 'boot') ~= ARGV[1]
-  or redis.call('HGET', KEYS[1], 'epoch') ~= ARGV[2] then return 0 end
+local ending = ARGV[#ARGV - 1] == 'x'
+local boot = redis.call('HGET', KEYS[1], 'boot')
+if boot then
+  if boot ~= ARGV[1] or redis.call('HGET', KEYS[1], 'epoch') ~= ARGV[2] then return 0 end
+elseif not ending then
+  return 0
+end
 local i = 5
 local ended = false
 local function add(id, ...)
@@ -144,7 +152,9 @@ while i <= #ARGV do
   if op == 'e' then add(ARGV[i+1], 'i', ARGV[i+2], 'd', ARGV[i+3]); i = i + 4
   elseif op == 'c' then add(ARGV[i+1], 'c', 'close', 's', ARGV[i+2]); i = i + 3
   elseif op == 'x' then add(ARGV[i+1], 'c', 'end'); ended = true; i = i + 2
-  elseif op == 'h' then redis.call('HSET', KEYS[1], 'init', ARGV[i+1]); i = i + 2
+  elseif op == 'h' then
+    if boot then redis.call('HSET', KEYS[1], 'init', ARGV[i+1]) end
+    i = i + 2
   else return redis.error_reply('unknown operation ' .. op) end
 end
 if ended then

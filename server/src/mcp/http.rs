@@ -918,6 +918,16 @@ async fn handle_delete(State(mcp): State<RewindMcp>, req: Request) -> Response {
                 session: Some(s.tag()),
                 ..Access::default()
             };
+            if let Some(c) = &mcp.inner.options.cluster {
+                // Gone on every node before the client hears it is.
+                if let Err(e) = c.drop_record(s.handle.id(), s.handle.epoch()).await {
+                    tracing::warn!(
+                        error = %e,
+                        "cluster: session record not deleted; other nodes see the session end \
+                         once Redis answers"
+                    );
+                }
+            }
             s.handle.close();
             with_access(StatusCode::NO_CONTENT.into_response(), access)
         }
