@@ -8,7 +8,7 @@
 
 use std::fmt;
 
-pub use rewind_policy_sdk::{CursorFact, ResumeFacts, SessionFact, Verdict, VerdictSet};
+pub use rewind_policy_sdk::{CursorFact, ResumeFacts, SessionFact, Verdict, VerdictSet, UNKNOWN};
 
 #[cfg(feature = "wasm")]
 pub mod wasm;

@@ -123,7 +123,15 @@ impl Cluster {
                     // The cursor's own event must be the one Redis holds
                     // at that number: same node, so the same history.
                     match at_cursor {
-                        Some(e) if e.node == c.node => CursorFact::InWindow,
+                        Some((e, copied_ms)) if e.node == c.node => {
+                            // Its age: since the owner copied it (within a
+                            // replication round of its append).
+                            out.facts.cursor_age_ms = copied_ms
+                                .map_or(rewind_engine::policy::UNKNOWN, |t| {
+                                    super::unix_ms().saturating_sub(t)
+                                });
+                            CursorFact::InWindow
+                        }
                         // Another node's event at that number: the cursor
                         // is from a history that was not carried over.
                         Some(_) => CursorFact::OlderEpoch,
@@ -133,7 +141,9 @@ impl Cluster {
                 }
             }
         };
+        let age = out.facts.cursor_age_ms;
         out.facts = ResumeFacts::new(session, cursor_fact);
+        out.facts.cursor_age_ms = age;
         if let Some(c) = parsed.filter(|_| cursor_fact != CursorFact::Foreign) {
             out.facts.cursor_seq = c.seq;
         }
@@ -151,7 +161,7 @@ impl Cluster {
         key: &str,
         owner: u16,
         exact: Option<u64>,
-    ) -> redis::RedisResult<((u64, u16), u64, Option<EventId>)> {
+    ) -> redis::RedisResult<((u64, u16), u64, Option<(EventId, Option<u64>)>)> {
         let mut pipe = redis::pipe();
         pipe.cmd("XREVRANGE")
             .arg(key)
@@ -169,7 +179,12 @@ impl Cluster {
         pipe.cmd("XRANGE").arg(key).arg(&id).arg(&id);
         let (last, first, at): (StreamRangeReply, StreamRangeReply, StreamRangeReply) =
             self.query_pipe(&pipe).await?;
-        let at = exact.and(at.ids.first().and_then(entry_event));
+        let at = exact.and(at.ids.first().and_then(|e| {
+            let copied_ms = field(e, "t")
+                .and_then(|t| std::str::from_utf8(t).ok())
+                .and_then(|t| t.parse().ok());
+            Some((entry_event(e)?, copied_ms))
+        }));
         let mut hw = (0, owner);
         for e in &last.ids {
             if let Some((seq, k)) = entry_seq(&e.id) {

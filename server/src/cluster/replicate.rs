@@ -129,7 +129,9 @@ impl SessionReplica {
 /// session.
 ///
 /// KEYS: record, events. ARGV: boot, epoch, maxlen, ttl, then operations:
-/// `e id i d` (event), `c id stream` (close), `x id` (end), `h blob`
+/// `e id i d t` (event: its entry id, event id, payload, and the wall
+/// clock in Unix milliseconds when it was copied, which readers elsewhere
+/// take as its age), `c id stream` (close), `x id` (end), `h blob`
 /// (the record's `init`).
 const WRITE: &str = r"
 local ending = ARGV[#ARGV - 1] == 'x'
@@ -149,7 +151,7 @@ local function add(id, ...)
 end
 while i <= #ARGV do
   local op = ARGV[i]
-  if op == 'e' then add(ARGV[i+1], 'i', ARGV[i+2], 'd', ARGV[i+3]); i = i + 4
+  if op == 'e' then add(ARGV[i+1], 'i', ARGV[i+2], 'd', ARGV[i+3], 't', ARGV[i+4]); i = i + 5
   elseif op == 'c' then add(ARGV[i+1], 'c', 'close', 's', ARGV[i+2]); i = i + 3
   elseif op == 'x' then add(ARGV[i+1], 'c', 'end'); ended = true; i = i + 2
   elseif op == 'h' then
@@ -278,6 +280,7 @@ fn collect(
         .arg(maxlen)
         .arg(ttl);
     let mut reader = s.handle.subscribe_all(st.copied);
+    let now_ms = super::unix_ms();
     let mut n = 0u64;
     let mut bytes = 0usize;
     let mut ended = false;
@@ -294,7 +297,8 @@ fn collect(
                 cmd.arg("e")
                     .arg(format!("{}-0", ev.seq))
                     .arg(ev.to_string())
-                    .arg(buf.as_slice());
+                    .arg(buf.as_slice())
+                    .arg(now_ms);
                 st.copied = ev.seq;
                 n += 1;
                 ops += 1;
