@@ -1835,3 +1835,43 @@ fn a_cursor_from_a_history_redis_does_not_hold_gets_reset_on_every_node() {
         );
     }
 }
+
+/// The strict policy (which refuses a resume whose cursor age is unknown)
+/// on every node: a call cut on its owner resumes through another node,
+/// every event once and then the result — the age of a cursor served from
+/// Redis is known.
+#[test]
+#[ignore = "needs redis-server: .ci/cluster.sh runs them"]
+fn the_strict_policy_resumes_through_another_node() {
+    let dir = std::env::temp_dir().join(format!("rewind-strict-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let strict = dir.join("strict.wasm");
+    let out = Command::new(env!("CARGO_BIN_EXE_rewind"))
+        .args(["policy", "export", "strict", "-o"])
+        .arg(&strict)
+        .output()
+        .expect("rewind policy export");
+    assert!(out.status.success(), "{out:?}");
+    let redis = Redis::start();
+    let nodes: Vec<Node> = (1..=2)
+        .map(|id| {
+            let args = [
+                "--cluster".to_owned(),
+                redis.url(),
+                "--node-id".to_owned(),
+                id.to_string(),
+                "--policy".to_owned(),
+                strict.display().to_string(),
+            ];
+            start_node(&format!("strict node {id}"), &args)
+        })
+        .collect();
+    let http = client();
+    let s = initialize(&http, &nodes[0].url);
+    let (mut c, _) = call(&http, &nodes[0].url, &s, Some(3)).unwrap();
+    resume(&http, &nodes[1].url, &mut c).unwrap();
+    assert!(c.done, "{}", c.evidence());
+    assert_eq!(c.progress, COUNT, "{}", c.evidence());
+    drop(nodes);
+    let _ = std::fs::remove_dir_all(&dir);
+}
