@@ -79,6 +79,8 @@ pub(crate) use replicate::{Control, SessionReplica};
 const HEARTBEAT: Duration = Duration::from_secs(1);
 /// How long a heartbeat key lives: a node silent for this long is gone.
 const NODE_TTL: Duration = Duration::from_secs(3);
+/// Idle reader connections a node keeps for the next remote readers.
+const IDLE_READERS: usize = 64;
 /// How long one Redis command may take before it counts as a failure.
 const COMMAND_TIMEOUT: Duration = Duration::from_secs(2);
 
@@ -156,6 +158,8 @@ pub(crate) struct Inner {
     failures: AtomicU64,
     verified: AtomicU64,
     engine: OnceLock<Engine>,
+    /// Idle connections of remote readers that ended.
+    readers: Mutex<Vec<redis::aio::MultiplexedConnection>>,
 }
 
 impl fmt::Debug for Cluster {
@@ -284,6 +288,7 @@ impl Cluster {
                 failures: AtomicU64::new(0),
                 verified: AtomicU64::new(0),
                 engine: OnceLock::new(),
+                readers: Mutex::new(Vec::new()),
             }),
         })
     }
@@ -335,6 +340,12 @@ impl Cluster {
     pub(crate) fn note(&self, ok: bool) {
         if !ok {
             self.inner.failures.fetch_add(1, Ordering::AcqRel);
+            // Idle reader connections may be to a Redis that is gone.
+            self.inner
+                .readers
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clear();
         }
         let was = self.inner.up.swap(ok, Ordering::Relaxed);
         if was != ok {
@@ -377,6 +388,35 @@ impl Cluster {
                 .map_or_else(|e| !is_connection_error(e), |_| true),
         );
         r
+    }
+
+    /// A connection for one remote reader's `XREAD BLOCK`: an idle one an
+    /// ended reader gave back, or a new one.
+    /// Also says whether the connection was idle (it may have been closed
+    /// by Redis since).
+    pub(crate) async fn reader(
+        &self,
+    ) -> redis::RedisResult<(redis::aio::MultiplexedConnection, bool)> {
+        let idle = self
+            .inner
+            .readers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .pop();
+        match idle {
+            Some(c) => Ok((c, true)),
+            None => Ok((self.dedicated().await?, false)),
+        }
+    }
+
+    /// Keeps the connection of a reader that ended between two commands
+    /// for the next reader (a connection dropped while an `XREAD BLOCK`
+    /// was pending is never given back: its answer is still to come).
+    pub(crate) fn give_back(&self, conn: redis::aio::MultiplexedConnection) {
+        let mut idle = self.inner.readers.lock().unwrap_or_else(|e| e.into_inner());
+        if idle.len() < IDLE_READERS {
+            idle.push(conn);
+        }
     }
 
     /// A connection of its own, for a command that blocks (`XREAD BLOCK`).

@@ -263,7 +263,7 @@ async fn read_loop(
     keep_alive: Option<Duration>,
     shutdown: &CancellationToken,
 ) {
-    let Ok(mut conn) = cluster.dedicated().await else {
+    let Ok((mut conn, mut pooled)) = cluster.reader().await else {
         return;
     };
     let key = keys::events(follow.session, follow.epoch);
@@ -295,19 +295,33 @@ async fn read_loop(
         };
         let reply = match reply {
             Ok(r) => r,
+            Err(_) if pooled => {
+                // An idle connection Redis closed meanwhile (a restart):
+                // once more on a new one.
+                pooled = false;
+                match cluster.dedicated().await {
+                    Ok(c) => conn = c,
+                    Err(_) => return,
+                }
+                continue;
+            }
             Err(_) => {
                 cluster.note(false);
                 return;
             }
         };
+        pooled = false;
         let entries: Vec<StreamId> = reply
             .map(|r| r.keys.into_iter().flat_map(|k| k.ids).collect())
             .unwrap_or_default();
+        // From here until the next `XREAD`, the connection is idle: a
+        // reader that ends hands it to the next one.
         if entries.is_empty() {
-            if follow.ends_when_caught_up || !still_there(cluster, follow).await {
-                return;
-            }
-            if keep_alive.is_some() && tx.send(Bytes::from_static(KEEP_ALIVE)).await.is_err() {
+            if follow.ends_when_caught_up
+                || !still_there(cluster, follow).await
+                || keep_alive.is_some() && tx.send(Bytes::from_static(KEEP_ALIVE)).await.is_err()
+            {
+                cluster.give_back(conn);
                 return;
             }
             continue;
@@ -351,10 +365,9 @@ async fn read_loop(
                 break;
             }
         }
-        if !out.is_empty() && tx.send(Bytes::from(out)).await.is_err() {
-            return;
-        }
-        if done {
+        let gone = !out.is_empty() && tx.send(Bytes::from(out)).await.is_err();
+        if done || gone {
+            cluster.give_back(conn);
             return;
         }
     }
