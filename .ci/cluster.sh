@@ -46,14 +46,6 @@ PASSED=0
 FAILED=0
 STARTED=() # pids of the processes started here
 
-# Stops one process: SIGTERM, up to 5 s to exit, then SIGKILL.
-stop_pid() { # PID
-    kill -0 "$1" 2>/dev/null || return 0
-    kill -TERM "$1" 2>/dev/null
-    for _ in $(seq 1 50); do kill -0 "$1" 2>/dev/null || break; sleep 0.1; done
-    kill -KILL "$1" 2>/dev/null
-    wait "$1" 2>/dev/null
-}
 cleanup() {
     local pid
     for pid in "${STARTED[@]}"; do stop_pid "$pid"; done

@@ -1,5 +1,6 @@
 # Shell helpers shared by the scripts that start servers on loopback ports
-# (.ci/load-smoke.sh, .ci/interop.sh, benches/peers/compare.sh). Source it;
+# (.ci/load-smoke.sh, .ci/interop.sh, .ci/cluster.sh, benches/peers/compare.sh,
+# benches/cluster.sh). Source it;
 # it defines functions and SERVER_PID, nothing runs.
 
 # N distinct free loopback ports, chosen by the kernel: all N are held open
@@ -28,14 +29,20 @@ wait_port() { # PORT PID SECONDS
     return 1
 }
 
-# Stops the server in SERVER_PID: SIGTERM, up to 5 s to exit, then SIGKILL.
+# Stops one process: SIGTERM, up to 5 s to exit, then SIGKILL.
+stop_pid() { # PID
+    kill -0 "$1" 2>/dev/null || return 0
+    kill -TERM "$1" 2>/dev/null
+    for _ in $(seq 1 50); do kill -0 "$1" 2>/dev/null || break; sleep 0.1; done
+    kill -KILL "$1" 2>/dev/null
+    wait "$1" 2>/dev/null
+}
+
+# Stops the server in SERVER_PID (see stop_pid).
 SERVER_PID=""
 stop_server() {
-    if [ -n "$SERVER_PID" ] && kill -0 "$SERVER_PID" 2>/dev/null; then
-        kill -TERM "$SERVER_PID" 2>/dev/null
-        for _ in $(seq 1 50); do kill -0 "$SERVER_PID" 2>/dev/null || break; sleep 0.1; done
-        kill -KILL "$SERVER_PID" 2>/dev/null
-        wait "$SERVER_PID" 2>/dev/null
+    if [ -n "$SERVER_PID" ]; then
+        stop_pid "$SERVER_PID"
     fi
     SERVER_PID=""
 }
