@@ -205,16 +205,13 @@ impl Engine {
     /// one.
     pub fn resume(&self, req: ResumeRequest<'_>) -> ResumeDecision {
         let c = self.shared.classify(req);
-        let answer = self.shared.policy.decide(&c.facts);
-        let (verdict, fault) = clamp(&c.facts, answer);
-        self.shared.metrics.verdict(verdict, fault);
-        let facts = c.facts;
-        let action = self.shared.act(c, verdict);
+        let d = self.shared.judge(c.facts);
+        let action = self.shared.act(c, d.verdict);
         ResumeDecision {
-            facts,
-            verdict,
-            generation: answer.generation,
-            fault,
+            facts: d.facts,
+            verdict: d.verdict,
+            generation: d.generation,
+            fault: d.fault,
             action,
         }
     }
@@ -230,20 +227,9 @@ impl Engine {
     pub fn decide(&self, facts: ResumeFacts) -> Decided {
         let mut facts = facts;
         if facts.max_resume_age_ms == 0 {
-            facts.max_resume_age_ms = self.shared.config.max_resume_age.map_or(0, |d| {
-                u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
-            });
+            facts.max_resume_age_ms = self.shared.max_resume_age_ms();
         }
-        let facts = facts.with_safe_set();
-        let answer = self.shared.policy.decide(&facts);
-        let (verdict, fault) = clamp(&facts, answer);
-        self.shared.metrics.verdict(verdict, fault);
-        Decided {
-            facts,
-            verdict,
-            generation: answer.generation,
-            fault,
-        }
+        self.shared.judge(facts.with_safe_set())
     }
 
     /// The facts the engine would hand the policy for `req`, without
@@ -254,6 +240,30 @@ impl Engine {
 }
 
 impl Shared {
+    /// The policy's verdict on `facts` (safe set filled in), clamped to
+    /// the safe set and counted.
+    #[inline(always)]
+    fn judge(&self, facts: ResumeFacts) -> Decided {
+        let answer = self.policy.decide(&facts);
+        let (verdict, fault) = clamp(&facts, answer);
+        self.metrics.verdict(verdict, fault);
+        Decided {
+            facts,
+            verdict,
+            generation: answer.generation,
+            fault,
+        }
+    }
+
+    /// [`Config::max_resume_age`](crate::Config::max_resume_age) as the
+    /// policy sees it (0: not set).
+    #[inline(always)]
+    fn max_resume_age_ms(&self) -> u64 {
+        self.config.max_resume_age.map_or(0, |d| {
+            u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
+        })
+    }
+
     #[inline(always)]
     fn classify(&self, req: ResumeRequest<'_>) -> Classified {
         let cursor = req.last_event_id.map(EventId::parse);
@@ -281,9 +291,7 @@ impl Shared {
             },
         };
         let mut facts = ResumeFacts::new(session_fact, CursorFact::Absent);
-        facts.max_resume_age_ms = self.config.max_resume_age.map_or(0, |d| {
-            u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
-        });
+        facts.max_resume_age_ms = self.max_resume_age_ms();
         let mut placed = None;
         let cursor_fact = match (cursor, &session) {
             (None, _) => CursorFact::Absent,

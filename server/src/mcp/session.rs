@@ -237,11 +237,11 @@ impl Routes {
         }
     }
 
-    /// Request `id` is answered (or cancelled). Returns whether its stream
-    /// closed with it.
-    fn complete(&mut self, id: &RequestId) -> bool {
+    /// Request `id` is answered (or cancelled). Returns whether it was in
+    /// flight, and its stream if that closed with it.
+    fn complete(&mut self, id: &RequestId) -> (bool, Option<u32>) {
         let Some(p) = self.requests.remove(id) else {
-            return false;
+            return (false, None);
         };
         if let Some(token) = p.progress {
             self.progress.remove(&token);
@@ -249,13 +249,13 @@ impl Routes {
         match self.open.get_mut(&p.stream) {
             Some(n) if *n > 1 => {
                 *n -= 1;
-                false
+                (true, None)
             }
             Some(_) => {
                 self.open.remove(&p.stream);
-                true
+                (true, Some(p.stream))
             }
-            None => false,
+            None => (true, None),
         }
     }
 }
@@ -687,13 +687,11 @@ impl McpSession {
     /// directory, by the stored blob. Returns its stream if that closed.
     fn complete(&self, id: &RequestId) -> Option<u32> {
         let mut routes = lock(&self.routes);
-        let stream = routes.stream_of(id);
-        let known = stream.is_some();
-        let closed = routes.complete(id);
+        let (known, closed) = routes.complete(id);
         if known {
             self.persist(&routes, None);
         }
-        stream.filter(|_| closed)
+        closed
     }
 
     /// Hands `msgs` to the rmcp service, in order.
