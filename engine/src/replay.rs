@@ -179,15 +179,16 @@ impl Replay {
     }
 
     /// Reads every event of the stream that is ready, up to `max_events`
-    /// events or until `batch` holds at least `max_bytes` payload bytes,
-    /// into `batch` (cleared first): payloads back to back in one buffer.
+    /// events or until `batch`'s buffer holds at least `max_bytes` bytes
+    /// (payloads and the 24-byte frame header each is stored with), into
+    /// `batch` (cleared first).
     /// Returns how many it read; `Ok(0)` when caught up, like `next_into`'s
     /// `None`.
     ///
     /// The same events, in the same order, as calling
     /// [`next_into`](Replay::next_into) that many times, at a fraction of
     /// the cost per event: the frames of one segment are copied in one
-    /// loop. A gap or the session's end met after some events were read is
+    /// piece, as the pool holds them. A gap or the session's end met after some events were read is
     /// returned by the next call, so no event before it is withheld.
     pub fn next_batch(
         &mut self,
@@ -215,10 +216,10 @@ impl Replay {
             max_bytes,
         );
         let n = batch.events.len();
-        if let Some(&(last, end)) = batch.events.last() {
+        if let Some(&(last, _, _)) = batch.events.last() {
             self.position = last;
             self.unreported.0 += n as u64;
-            self.unreported.1 += u64::from(end);
+            self.unreported.1 += batch.payload_bytes() as u64;
             if self.unreported.0 >= REPORT_EVERY {
                 report(&self.handle.shared.metrics, &mut self.unreported);
             }
@@ -275,16 +276,18 @@ impl Replay {
     }
 }
 
-/// Events of one stream read by [`Replay::next_batch`]: their payloads
-/// back to back in one buffer, and where each ends.
+/// Events of one stream read by [`Replay::next_batch`]: the segment runs
+/// they were copied out of, in one buffer, and where each payload lies in
+/// it.
 ///
 /// Reuse one per reader: after the first few batches its buffers have
 /// grown to the batch size and reading allocates nothing.
 #[derive(Debug, Clone)]
 pub struct Batch {
+    /// Runs of frames as the pool holds them (headers and payloads).
     data: Vec<u8>,
-    /// Per event: its sequence number and the end of its payload in `data`.
-    events: Vec<(u64, u32)>,
+    /// Per event: its sequence number and where its payload is in `data`.
+    events: Vec<(u64, u32, u32)>,
     /// The id of the batch's stream with sequence 0; each event's id is
     /// this with its own sequence number.
     id: EventId,
@@ -322,17 +325,18 @@ impl Batch {
         self.events.is_empty()
     }
 
-    /// All payload bytes of the batch, back to back.
-    pub fn bytes(&self) -> &[u8] {
-        &self.data
+    /// Payload bytes in the batch, all events together.
+    pub fn payload_bytes(&self) -> usize {
+        self.events
+            .iter()
+            .map(|&(_, start, end)| (end - start) as usize)
+            .sum()
     }
 
     /// The events, in order: each one's id and payload.
     pub fn iter(&self) -> impl ExactSizeIterator<Item = (EventId, &[u8])> + '_ {
-        let mut start = 0;
-        self.events.iter().map(move |&(seq, end)| {
-            let payload = &self.data[start..end as usize];
-            start = end as usize;
+        self.events.iter().map(move |&(seq, start, end)| {
+            let payload = &self.data[start as usize..end as usize];
             (EventId { seq, ..self.id }, payload)
         })
     }

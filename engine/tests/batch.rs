@@ -63,7 +63,7 @@ fn batches_deliver_what_single_reads_deliver_across_seals_and_streams() {
                 }
                 assert!(n <= max_events);
                 let total: usize = batch.iter().map(|(_, p)| p.len()).sum();
-                assert_eq!(total, batch.bytes().len());
+                assert_eq!(total, batch.payload_bytes());
                 got.extend(batch.iter().map(|(id, p)| (id, p.to_vec())));
                 assert_eq!(r.position(), got.last().unwrap().0);
             }
@@ -140,3 +140,4 @@ fn the_end_of_the_session_comes_after_the_events_read_before_it() {
     );
     assert!(batch.is_empty());
 }
+

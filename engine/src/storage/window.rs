@@ -12,7 +12,7 @@ use super::layout::{
 };
 use super::pool::Pool;
 use crate::sync::{fence, AtomicU32, AtomicU64, Ordering, Spin};
-use crate::words::tail_word;
+use crate::words::{load_words, tail_word};
 
 /// Who a window belongs to: written into every segment it allocates and
 /// checked by every reader.
@@ -746,17 +746,18 @@ impl Window {
         self.read_slow(pool, owner, cursor, stream, buf)
     }
 
-    /// Reads the frames of `stream` at `cursor` that are ready, appending
-    /// each payload to `buf` and `(seq, buf.len() after it)` to `ends`,
-    /// until `ends` holds `max_events` or `buf` at least `max_bytes`
-    /// (then `None`: more may be ready) or a read finds no event (then
-    /// what it found: pending, lagged or ended).
+    /// Reads the frames of `stream` at `cursor` that are ready into `buf`,
+    /// pushing `(seq, start, end)` — where each payload lies in `buf` — to
+    /// `events`, until `events` holds `max_events` or `buf` at least
+    /// `max_bytes` (then `None`: more may be ready) or a read finds no
+    /// event (then what it found: pending, lagged or ended).
     ///
-    /// The frames of one segment are copied in one loop whose stamp is
-    /// validated once for the whole run, with no per-event call or result:
-    /// this is what makes a replay copy-bound. A run whose stamp changed is
-    /// taken back (`buf` and `ends` truncated) and read again by the
-    /// general path, which reports it as lost.
+    /// The frames of one segment are copied in one piece, their headers
+    /// with them (a payload is where `events` says, not back to back with
+    /// the next), and the run's stamp is validated once: this is what makes
+    /// a replay copy-bound. A run whose stamp changed is taken back (`buf`
+    /// and `events` truncated) and read again by the general path, which
+    /// reports it as lost.
     #[allow(
         clippy::too_many_arguments,
         reason = "the reader's state and its two output buffers, once per batch"
@@ -768,19 +769,20 @@ impl Window {
         cursor: &mut Cursor,
         stream: u32,
         buf: &mut Vec<u8>,
-        ends: &mut Vec<(u64, u32)>,
+        events: &mut Vec<(u64, u32, u32)>,
         max_events: usize,
         max_bytes: usize,
     ) -> Option<Read> {
         loop {
-            if ends.len() >= max_events || buf.len() >= max_bytes {
+            if events.len() >= max_events || buf.len() >= max_bytes {
                 return None;
             }
-            if run_placed(pool, cursor, stream, buf, ends, max_events, max_bytes) {
+            if run_placed(pool, cursor, stream, buf, events, max_events, max_bytes) {
                 continue;
             }
+            let start = buf.len() as u32;
             match self.read_slow(pool, owner, cursor, Some(stream), buf) {
-                Read::Event(event) => ends.push((event.seq, buf.len() as u32)),
+                Read::Event(event) => events.push((event.seq, start, buf.len() as u32)),
                 other => return Some(other),
             }
         }
@@ -1334,14 +1336,16 @@ fn read_placed(
 /// below the claims already seen, while published and within the limits.
 /// Returns whether it moved the cursor.
 ///
-/// Per frame: the mark load (Acquire), the meta load, the copy and a push.
-/// Per run: `fence(Acquire)` and one stamp load.
+/// Per frame: the mark load (Acquire), the meta load and a push. Per run:
+/// one copy of the words from the first wanted frame to the end of the
+/// last (marks acquired first, so every word copied was published), then
+/// `fence(Acquire)` and one stamp load.
 fn run_placed(
     pool: &Pool,
     cursor: &mut Cursor,
     stream: u32,
     buf: &mut Vec<u8>,
-    ends: &mut Vec<(u64, u32)>,
+    events: &mut Vec<(u64, u32, u32)>,
     max_events: usize,
     max_bytes: usize,
 ) -> bool {
@@ -1353,11 +1357,18 @@ fn run_placed(
         return false;
     }
     let segment = pool.segment(pos.seg.unit, pos.class);
-    let (buf_base, ends_base) = (buf.len(), ends.len());
+    let (buf_base, events_base) = (buf.len(), events.len());
     let known_end = pos.first_seq + u64::from(pos.known);
     let mut next = *seq;
     let mut at = pos.offset as usize;
-    while next < known_end && ends.len() < max_events && buf.len() < max_bytes {
+    // Words [copy_from, copy_to) of the segment go to `buf` at `buf_base`.
+    let mut copy_from = None;
+    let mut copy_to = at;
+    let bytes_at = |from: Option<usize>, to: usize| from.map_or(0, |f| (to - f) * WORD_BYTES);
+    while next < known_end
+        && events.len() < max_events
+        && buf_base + bytes_at(copy_from, copy_to) < max_bytes
+    {
         let Some(mark) = segment.get(at) else {
             break;
         };
@@ -1374,8 +1385,10 @@ fn run_placed(
         }
         let frame_stream = (segment[at + 1].load(Ordering::Relaxed) >> 32) as u32;
         if frame_stream == stream {
-            copy_out(&segment[start..end], len, buf);
-            ends.push((next, buf.len() as u32));
+            let from = *copy_from.get_or_insert(start);
+            let payload = buf_base + (start - from) * WORD_BYTES;
+            events.push((next, payload as u32, (payload + len) as u32));
+            copy_to = end;
         } else if frame_stream == RESERVED_STREAM {
             // Possibly a gap marker: the general path reports it.
             break;
@@ -1386,12 +1399,15 @@ fn run_placed(
     if next == *seq {
         return false;
     }
+    if let Some(from) = copy_from {
+        copy_out(&segment[from..copy_to], (copy_to - from) * WORD_BYTES, buf);
+    }
     // As in `Window::read`, once for the run: a word from a later owner
     // shows as a changed stamp after this fence.
     fence(Ordering::Acquire);
     if pool.stamp_now(pos.seg.unit, Ordering::Relaxed) != pos.seg.stamp {
         buf.truncate(buf_base);
-        ends.truncate(ends_base);
+        events.truncate(events_base);
         return false;
     }
     *seq = next;
@@ -1409,24 +1425,16 @@ fn all_published(pool: &Pool, seg: SegRef, class: u8, count: u32) -> bool {
     })
 }
 
-/// Appends `len` payload bytes out of `words` to `buf`, a word at a time
-/// into its spare capacity (no zeroing first).
+/// Appends `len` payload bytes out of `words` to `buf`, copied into its
+/// spare capacity (no zeroing first; see [`load_words`]).
 fn copy_out(words: &[AtomicU64], len: usize, buf: &mut Vec<u8>) {
-    let n = words.len();
+    let bytes = words.len() * WORD_BYTES;
+    debug_assert!(len <= bytes);
     let old = buf.len();
-    buf.reserve(n * WORD_BYTES);
-    let spare = &mut buf.spare_capacity_mut()[..n * WORD_BYTES];
-    let dst = spare.as_mut_ptr().cast::<[u8; WORD_BYTES]>();
-    for (i, word) in words.iter().enumerate() {
-        let bytes = word.load(Ordering::Relaxed).to_le_bytes();
-        // SAFETY: `spare` is `n * WORD_BYTES` bytes long and `i < n`, so
-        // the eight bytes at `i * WORD_BYTES` are inside it; the write is
-        // unaligned-safe and `MaybeUninit<u8>` may be written as bytes.
-        unsafe { dst.add(i).write_unaligned(bytes) };
-    }
-    debug_assert!(len <= n * WORD_BYTES);
-    // SAFETY: the loop initialised the first `n * WORD_BYTES >= len` bytes
-    // of the spare capacity, which `reserve` made at least that long, so
-    // the first `old + len` bytes of the vector are initialised.
+    buf.reserve(bytes);
+    load_words(words, &mut buf.spare_capacity_mut()[..bytes]);
+    // SAFETY: `load_words` initialised the first `bytes >= len` bytes of
+    // the spare capacity, which `reserve` made at least that long, so the
+    // first `old + len` bytes of the vector are initialised.
     unsafe { buf.set_len(old + len) };
 }
