@@ -113,8 +113,9 @@ fn loom_two_appenders_and_a_reader_across_a_segment_boundary() {
 #[test]
 fn loom_a_reader_racing_release_and_reuse_never_sees_the_new_owner() {
     loom::model(|| {
-        // Two units: A's first segment must be released and reused by B.
-        let p = Arc::new(pool(2, 0));
+        // Three units: A's first segment is released when its third is
+        // linked, and B reuses it.
+        let p = Arc::new(pool(3, 0));
         let wa = Arc::new(Window::new());
         let wb = Window::new();
         wa.append(&p, A, &keep(1), 0, 1, &body(0, 1), 0).unwrap();
@@ -133,17 +134,58 @@ fn loom_a_reader_racing_release_and_reuse_never_sees_the_new_owner() {
                 }
             })
         };
-        // A moves to its second segment; retention (1 event) releases the
-        // first; B takes it and writes there.
+        // A moves on to its third segment; retention (1 event) releases
+        // the first; B takes it and writes there.
         wa.append(&p, A, &keep(1), 0, 2, &body(0, 2), 0).unwrap();
-        if wb.append(&p, B, &keep(1), 9, 3, &body(9, 9), 0).is_ok() {
-            let mut c = wb.cursor_after(0);
-            assert!(matches!(
-                wb.read(&p, B, &mut c, None, &mut Vec::new()),
-                Read::Event(_)
-            ));
-        }
+        wa.append(&p, A, &keep(1), 0, 3, &body(0, 3), 0).unwrap();
+        wb.append(&p, B, &keep(1), 9, 3, &body(9, 9), 0)
+            .expect("B reuses A's released first segment");
+        let mut c = wb.cursor_after(0);
+        assert!(matches!(
+            wb.read(&p, B, &mut c, None, &mut Vec::new()),
+            Read::Event(_)
+        ));
         reader.join().unwrap();
+    });
+}
+
+/// A reader that saw a frame claimed but not yet published remembers the
+/// claim and does not load the segment's state word again for it
+/// (`Pos::known`). If the segment is then sealed, released and reused, its
+/// next read must report the frame lost, never pending: a reader told
+/// "pending" waits for an append that may never come. (Without the stamp
+/// check of `Window::pending_or_lost` the model fails: "pending after the
+/// reuse".)
+#[test]
+fn loom_a_reader_that_saw_a_claim_is_told_when_its_segment_is_reused() {
+    loom::model(|| {
+        let p = Arc::new(pool(3, 0));
+        let wa = Arc::new(Window::new());
+        let wb = Window::new();
+        let reader = {
+            let (p, wa) = (p.clone(), wa.clone());
+            thread::spawn(move || {
+                let mut c = wa.cursor_after(0);
+                let first = wa.read(&p, A, &mut c, None, &mut Vec::new());
+                (first, c)
+            })
+        };
+        wa.append(&p, A, &keep(1), 0, 1, &body(0, 1), 0).unwrap();
+        let (first, mut c) = reader.join().unwrap();
+        if !matches!(first, Read::Pending) {
+            return;
+        }
+        // A moves on to its third segment; retention releases its first;
+        // B reuses it.
+        wa.append(&p, A, &keep(1), 0, 2, &body(0, 2), 0).unwrap();
+        wa.append(&p, A, &keep(1), 0, 3, &body(0, 3), 0).unwrap();
+        wb.append(&p, B, &keep(1), 9, 3, &body(9, 9), 0)
+            .expect("B reuses A's released first segment");
+        match wa.read(&p, A, &mut c, None, &mut Vec::new()) {
+            Read::Lagged { missing } => assert_eq!(missing, 1),
+            Read::Pending => panic!("pending after the reuse"),
+            other => panic!("{other:?}"),
+        }
     });
 }
 

@@ -48,7 +48,10 @@
 //! load the state (Acquire) to learn how many frames are claimed (or, once
 //! sealed, the final count from the successor's `first_seq`); load the
 //! frame's mark (Acquire) — a mark of another generation, or none, means
-//! the writer has not finished (`Pending`); copy meta, time and payload
+//! the writer has not finished (`Pending`) — unless the stamp has changed
+//! meanwhile: a reader that saw the frame claimed does not load the state
+//! again, so the stamp is what tells it the segment was reused (`Lagged`,
+//! never a `Pending` no append will end); copy meta, time and payload
 //! words (`Relaxed`); `fence(Acquire)`; the segment's stamp must still be
 //! the cursor's, else the segment was released under the reader and the
 //! bytes may belong to a later owner: `Lagged`, and the copy is discarded.

@@ -867,8 +867,7 @@ impl Window {
             }
             let segment = pool.segment(pos.seg.unit, pos.class);
             let Some(offset) = frame_offset(segment, pos.seg.stamp, index, pos.offset) else {
-                cursor.at = Some(pos);
-                return Read::Pending;
+                return self.pending_or_lost(pool, cursor, pos);
             };
             pos.offset = offset;
             // Acquire pairs with the appender's Release of the mark: its
@@ -877,8 +876,7 @@ impl Window {
                 segment[offset as usize].load(Ordering::Acquire),
                 pos.seg.stamp,
             ) else {
-                cursor.at = Some(pos);
-                return Read::Pending;
+                return self.pending_or_lost(pool, cursor, pos);
             };
             let len = len as usize;
             let start = offset as usize + FRAME_HEADER_WORDS;
@@ -929,6 +927,24 @@ impl Window {
                 });
             }
         }
+    }
+
+    /// Frame `cursor.seq` is claimed (the state said so) but its table
+    /// entry or mark is not this allocation's: either its writer is still
+    /// copying (pending), or the segment was released and reused under the
+    /// reader, whose new owner's words are what it loaded. The stamp tells
+    /// them apart — a reader that loaded a later owner's word and then
+    /// fenced sees the later stamp — and it must be checked here: a reader
+    /// that has already seen the frame claimed does not load the state word
+    /// again (`Pos::known`), so without it a reader of a reused segment
+    /// would report pending forever instead of lost.
+    fn pending_or_lost(&self, pool: &Pool, cursor: &mut Cursor, pos: Pos) -> Read {
+        fence(Ordering::Acquire);
+        if pool.stamp_now(pos.seg.unit, Ordering::Relaxed) != pos.seg.stamp {
+            return self.lost(cursor);
+        }
+        cursor.at = Some(pos);
+        Read::Pending
     }
 
     /// The cursor's segment was released (or the window closed) under it.
