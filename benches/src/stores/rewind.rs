@@ -100,8 +100,10 @@ impl ReplayStore for RewindStore {
         w.handle.close();
     }
 
-    /// Replays the way the server does: whole batches (`next_batch`), each
-    /// payload copied once into the batch's buffer.
+    /// Replays in whole batches (`next_batch`): each segment run copied
+    /// once into the batch's buffer. (`rewind serve` reads one event per
+    /// call, as [`RewindPerEventStore`] measures: it frames and writes each
+    /// event as it goes.)
     fn replay_after(&self, cursor: &RewindCursor, _buf: &mut Vec<u8>) -> usize {
         let ResumeAction::Replay(mut replay) = self.engine.resume(Self::request(cursor)).action
         else {
