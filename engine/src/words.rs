@@ -6,8 +6,10 @@ use crate::sync::{AtomicU64, Ordering};
 use std::mem::MaybeUninit;
 
 /// Copies below this many bytes go word by word: `rep movsb` has a start-up
-/// cost of some tens of cycles, which a short payload does not repay.
-const BULK_COPY_MIN_BYTES: usize = 64;
+/// cost of some tens of cycles, which a short payload does not repay (at 64
+/// bytes, one 100-byte event per call from cold caches took twice as long:
+/// `replay/scattered/RewindPerEvent`).
+const BULK_COPY_MIN_BYTES: usize = 256;
 
 /// Copies `src` — pool words other threads may be writing at the same time
 /// — into `dst`, which is `8 * src.len()` bytes long, as bytes in memory
