@@ -74,8 +74,12 @@
 //! mark load, the meta and time loads and the payload copy; then
 //! `fence(Acquire)` and the stamp load — once per frame for a single read
 //! (`Replay::next_into`), once per run of frames in one segment for a
-//! batch (`Replay::next_batch`), whose run is taken back whole if the
-//! stamp changed.
+//! batch (`Replay::next_batch`), which acquires the run's marks first and
+//! then copies the whole run, headers included, in one copy, and takes it
+//! back whole if the stamp changed. A read that finds nothing published
+//! adds one `fence(Acquire)` and stamp load before it answers `Pending`.
+//! Copies of 256 bytes or more are one `rep movsb` on x86-64
+//! (`crate::words::load_words`).
 //!
 //! Every segment header names its owner session (tag and epoch); a reader
 //! refuses a segment whose header names another, so a reader of session A
