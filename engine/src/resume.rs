@@ -17,7 +17,9 @@
 use std::fmt;
 use std::sync::Arc;
 
-use rewind_policy_sdk::{CursorFact, ResumeFacts, SessionFact, Verdict, UNKNOWN};
+use rewind_policy_sdk::{
+    default_verdict, safe_set, CursorFact, ResumeFacts, SessionFact, Verdict, UNKNOWN,
+};
 
 use crate::engine::Engine;
 use crate::handle::SessionHandle;
@@ -205,14 +207,15 @@ impl Engine {
     /// one.
     pub fn resume(&self, req: ResumeRequest<'_>) -> ResumeDecision {
         let c = self.shared.classify(req);
-        let d = self.shared.judge(c.facts);
-        let action = self.shared.act(c, d.verdict);
+        // The facts stay where `classify` put them until the answer is
+        // built: the policy and the clamp read them in place.
+        let (verdict, generation, fault) = self.shared.verdict_on(&c.facts);
         ResumeDecision {
-            facts: d.facts,
-            verdict: d.verdict,
-            generation: d.generation,
-            fault: d.fault,
-            action,
+            facts: c.facts,
+            verdict,
+            generation,
+            fault,
+            action: self.shared.act(c, verdict),
         }
     }
 
@@ -244,15 +247,23 @@ impl Shared {
     /// the safe set and counted.
     #[inline(always)]
     fn judge(&self, facts: ResumeFacts) -> Decided {
-        let answer = self.policy.decide(&facts);
-        let (verdict, fault) = clamp(&facts, answer);
-        self.metrics.verdict(verdict, fault);
+        let (verdict, generation, fault) = self.verdict_on(&facts);
         Decided {
             facts,
             verdict,
-            generation: answer.generation,
+            generation,
             fault,
         }
+    }
+
+    /// [`Shared::judge`] without moving the facts: the verdict, the
+    /// generation that decided, and the fault if the answer was replaced.
+    #[inline(always)]
+    fn verdict_on(&self, facts: &ResumeFacts) -> (Verdict, u64, Option<PolicyFault>) {
+        let answer = self.policy.decide(facts);
+        let (verdict, fault) = clamp(facts, answer);
+        self.metrics.verdict(verdict, fault);
+        (verdict, answer.generation, fault)
     }
 
     /// [`Config::max_resume_age`](crate::Config::max_resume_age) as the
@@ -290,25 +301,31 @@ impl Shared {
                 None => SessionFact::Unknown,
             },
         };
-        let mut facts = ResumeFacts::new(session_fact, CursorFact::Absent);
-        facts.max_resume_age_ms = self.max_resume_age_ms();
-        let mut placed = None;
-        let cursor_fact = match (cursor, &session) {
+        // Built where it is returned and filled in place: a 72-byte
+        // struct written field by field and then moved is read back with
+        // wider loads that stall on store forwarding.
+        let mut c = Classified {
+            facts: ResumeFacts::new(session_fact, CursorFact::Absent),
+            session,
+            cursor: parsed,
+            placed: None,
+        };
+        c.facts.max_resume_age_ms = self.max_resume_age_ms();
+        let cursor_fact = match (cursor, &c.session) {
             (None, _) => CursorFact::Absent,
             (Some(Err(_)), _) => CursorFact::Malformed,
             (Some(Ok(_)), None) => CursorFact::Unchecked,
-            (Some(Ok(c)), Some(s)) => classify_cursor(self, s, c, now, &mut facts, &mut placed),
+            (Some(Ok(e)), Some(s)) => classify_cursor(self, s, e, now, &mut c.facts, &mut c.placed),
         };
-        if let Some(s) = &session {
+        if let Some(s) = &c.session {
             s.touch(now);
         }
-        facts.cursor = cursor_fact.code();
-        Classified {
-            facts: facts.with_safe_set(),
-            session,
-            cursor: parsed,
-            placed,
-        }
+        // As `ResumeFacts::with_safe_set`, in place.
+        c.facts.cursor = cursor_fact.code();
+        let (s, cf) = (c.facts.session_fact(), Some(cursor_fact));
+        c.facts.allowed = safe_set(s, cf);
+        c.facts.default_verdict = default_verdict(s, cf) as u32;
+        c
     }
 
     #[inline(always)]
