@@ -530,6 +530,23 @@ impl Drop for Proxy {
     }
 }
 
+/// Nodes 1..=`size` of a cluster on `redis`, named "`label` N", each
+/// started with `extra` arguments after the cluster ones.
+fn start_nodes(redis: &Redis, size: u16, label: &str, extra: &[String]) -> Vec<Node> {
+    (1..=size)
+        .map(|id| {
+            let mut args = vec![
+                "--cluster".to_owned(),
+                redis.url(),
+                "--node-id".to_owned(),
+                id.to_string(),
+            ];
+            args.extend_from_slice(extra);
+            start_node(&format!("{label} {id}"), &args)
+        })
+        .collect()
+}
+
 // ---------------------------------------------------------------------------
 // A cluster: Redis, three nodes, the proxy in front of them.
 
@@ -543,17 +560,7 @@ struct Cluster {
 impl Cluster {
     fn start(size: u16) -> Cluster {
         let redis = Redis::start();
-        let nodes: Vec<Node> = (1..=size)
-            .map(|id| {
-                let args = [
-                    "--cluster".to_owned(),
-                    redis.url(),
-                    "--node-id".to_owned(),
-                    id.to_string(),
-                ];
-                start_node(&format!("node {id}"), &args)
-            })
-            .collect();
+        let nodes = start_nodes(&redis, size, "node", &[]);
         let urls: Vec<&str> = nodes.iter().map(|n| n.url.as_str()).collect();
         let proxy = Proxy::start(&urls);
         Cluster {
@@ -1853,19 +1860,8 @@ fn the_strict_policy_resumes_through_another_node() {
         .expect("rewind policy export");
     assert!(out.status.success(), "{out:?}");
     let redis = Redis::start();
-    let nodes: Vec<Node> = (1..=2)
-        .map(|id| {
-            let args = [
-                "--cluster".to_owned(),
-                redis.url(),
-                "--node-id".to_owned(),
-                id.to_string(),
-                "--policy".to_owned(),
-                strict.display().to_string(),
-            ];
-            start_node(&format!("strict node {id}"), &args)
-        })
-        .collect();
+    let policy = ["--policy".to_owned(), strict.display().to_string()];
+    let nodes = start_nodes(&redis, 2, "strict node", &policy);
     let http = client();
     let s = initialize(&http, &nodes[0].url);
     let (mut c, _) = call(&http, &nodes[0].url, &s, Some(3)).unwrap();
