@@ -188,8 +188,9 @@ impl Replay {
     /// The same events, in the same order, as calling
     /// [`next_into`](Replay::next_into) that many times, at a fraction of
     /// the cost per event: the frames of one segment are copied in one
-    /// piece, as the pool holds them. A gap or the session's end met after some events were read is
-    /// returned by the next call, so no event before it is withheld.
+    /// piece, as the pool holds them. A gap or the session's end met after
+    /// some events were read is returned by the next call, so no event
+    /// before it is withheld.
     pub fn next_batch(
         &mut self,
         batch: &mut Batch,

@@ -17,9 +17,7 @@
 use std::fmt;
 use std::sync::Arc;
 
-use rewind_policy_sdk::{
-    default_verdict, safe_set, CursorFact, ResumeFacts, SessionFact, Verdict, UNKNOWN,
-};
+use rewind_policy_sdk::{CursorFact, ResumeFacts, SessionFact, Verdict, UNKNOWN};
 
 use crate::engine::Engine;
 use crate::handle::SessionHandle;
@@ -320,11 +318,8 @@ impl Shared {
         if let Some(s) = &c.session {
             s.touch(now);
         }
-        // As `ResumeFacts::with_safe_set`, in place.
         c.facts.cursor = cursor_fact.code();
-        let (s, cf) = (c.facts.session_fact(), Some(cursor_fact));
-        c.facts.allowed = safe_set(s, cf);
-        c.facts.default_verdict = default_verdict(s, cf) as u32;
+        c.facts.fill_safe_set();
         c
     }
 

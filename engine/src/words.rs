@@ -9,6 +9,7 @@ use std::mem::MaybeUninit;
 /// cost of some tens of cycles, which a short payload does not repay (at 64
 /// bytes, one 100-byte event per call from cold caches took twice as long:
 /// `replay/scattered/RewindPerEvent`).
+#[cfg(all(target_arch = "x86_64", not(miri), not(loom)))]
 const BULK_COPY_MIN_BYTES: usize = 256;
 
 /// Copies `src` — pool words other threads may be writing at the same time
@@ -51,8 +52,6 @@ pub(crate) fn load_words(src: &[AtomicU64], dst: &mut [MaybeUninit<u8>]) {
         }
         return;
     }
-    #[cfg(not(all(target_arch = "x86_64", not(miri), not(loom))))]
-    let _ = BULK_COPY_MIN_BYTES;
     for (word, out) in src.iter().zip(dst.chunks_exact_mut(8)) {
         let bytes = word.load(Ordering::Relaxed).to_le_bytes();
         for (o, b) in out.iter_mut().zip(bytes) {

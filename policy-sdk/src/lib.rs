@@ -438,10 +438,16 @@ impl ResumeFacts {
     /// These facts with `allowed` and `default_verdict` filled in from the
     /// decision table (see [`safe_set`] and [`default_verdict`]).
     pub const fn with_safe_set(mut self) -> ResumeFacts {
+        self.fill_safe_set();
+        self
+    }
+
+    /// [`with_safe_set`](ResumeFacts::with_safe_set) in place.
+    #[inline]
+    pub const fn fill_safe_set(&mut self) {
         let (s, c) = (self.session_fact(), self.cursor_fact());
         self.allowed = safe_set(s, c);
         self.default_verdict = default_verdict(s, c) as u32;
-        self
     }
 }
 
