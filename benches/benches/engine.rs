@@ -14,7 +14,7 @@ use rewind_benches::scale::{selected, Scale};
 use rewind_benches::stores::BASELINE_EVENTS_PER_SESSION;
 use rewind_benches::{
     payload, AppendStore, BroadcastPerSession, FloorStore, GoStyleStore, ReplayStore,
-    RewindPerEventStore, RewindStore, ScanSortStore, SharedMutexStore,
+    RewindPerEventStore, RewindSingleWriterStore, RewindStore, ScanSortStore, SharedMutexStore,
 };
 
 /// Payload of the append, replay and resume groups.
@@ -47,6 +47,7 @@ fn append(c: &mut Criterion) {
     let p = payload(EVENT_BYTES);
     let p = &p[..];
     let rewind = || RewindStore::new(64);
+    let single_writer = || RewindSingleWriterStore(RewindStore::new(64));
     let mut g = c.benchmark_group("append");
 
     g.throughput(Throughput::Elements(2));
@@ -55,6 +56,9 @@ fn append(c: &mut Criterion) {
         bodies::append_parallel(b, FloorStore::default, 2, p)
     });
     append_bench::<RewindStore>(&mut g, v, |b| bodies::append_parallel(b, rewind, 2, p));
+    append_bench::<RewindSingleWriterStore>(&mut g, v, |b| {
+        bodies::append_parallel(b, single_writer, 2, p)
+    });
     append_bench::<SharedMutexStore>(&mut g, v, |b| {
         bodies::append_parallel(b, SharedMutexStore::default, 2, p)
     });
@@ -89,6 +93,9 @@ fn append(c: &mut Criterion) {
         bodies::append_parallel(b, FloorStore::default, 1, p)
     });
     append_bench::<RewindStore>(&mut g, v, |b| bodies::append_parallel(b, rewind, 1, p));
+    append_bench::<RewindSingleWriterStore>(&mut g, v, |b| {
+        bodies::append_parallel(b, single_writer, 1, p)
+    });
     append_bench::<SharedMutexStore>(&mut g, v, |b| {
         bodies::append_parallel(b, SharedMutexStore::default, 1, p)
     });

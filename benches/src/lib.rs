@@ -27,8 +27,8 @@ pub mod scale;
 pub mod stores;
 
 pub use stores::{
-    BroadcastPerSession, FloorStore, GoStyleStore, RewindPerEventStore, RewindStore, ScanSortStore,
-    SessionKey, SharedMutexStore,
+    BroadcastPerSession, FloorStore, GoStyleStore, RewindPerEventStore, RewindSingleWriterStore,
+    RewindStore, ScanSortStore, SessionKey, SharedMutexStore,
 };
 
 /// Something events can be appended to, one session per writer.

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use crate::config::{Config, ConfigError, SyncPolicy};
 use crate::durable::RecoveryReport;
-use crate::handle::SessionHandle;
+use crate::handle::{SessionHandle, SessionWriter};
 use crate::id::SessionId;
 use crate::metrics::MetricsSnapshot;
 use crate::policy::{NativePolicy, Policy};
@@ -93,7 +93,18 @@ impl Engine {
     /// Refused when a session cap is reached ([`OpenError::retry_after`]
     /// says when to try again).
     pub fn open(&self, principal: Option<&str>) -> Result<SessionHandle, OpenError> {
-        self.shared.open(SessionId::generate(), principal)
+        self.shared.open(SessionId::generate(), principal, false)
+    }
+
+    /// Opens a session, as [`open`](Self::open) does, whose events come
+    /// from one writer: the returned [`SessionWriter`] (for an embedding
+    /// whose output for a session is one task). Its appends skip the claim
+    /// CAS that appends from any thread need; see [`SessionWriter`] for
+    /// what else changes.
+    pub fn open_single_writer(&self, principal: Option<&str>) -> Result<SessionWriter, OpenError> {
+        self.shared
+            .open(SessionId::generate(), principal, true)
+            .map(SessionWriter::new)
     }
 
     /// Starts a new incarnation of the session `id`: the old one (if live)
@@ -107,7 +118,7 @@ impl Engine {
         if let Some(old) = self.shared.registry.get(id) {
             self.shared.end(&old, EndReason::Closed);
         }
-        self.shared.open(id, principal)
+        self.shared.open(id, principal, false)
     }
 
     /// The live session `id`, if there is one. Counts as activity.

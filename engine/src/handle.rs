@@ -11,7 +11,7 @@ use crate::metrics::Counter;
 use crate::replay::Replay;
 use crate::session::{Attachment, Session, NO_STREAM};
 use crate::shared::Shared;
-use crate::storage::AppendFailure;
+use crate::storage::{AppendFailure, SingleWriter};
 
 /// Why an append was refused. Nothing was stored.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -32,6 +32,9 @@ pub enum AppendError {
     /// The pool is full and nothing could be freed: every segment belongs
     /// to a busy session's newest events.
     PoolExhausted,
+    /// The session takes its events from its single writer
+    /// ([`SessionWriter`]), which is still live.
+    SingleWriter,
 }
 
 impl fmt::Display for AppendError {
@@ -47,6 +50,9 @@ impl fmt::Display for AppendError {
             AppendError::BadStream => f.write_str("stream id u32::MAX is reserved"),
             AppendError::PoolExhausted => f.write_str(
                 "the event pool is full of busy sessions' newest events; raise global_bytes",
+            ),
+            AppendError::SingleWriter => f.write_str(
+                "the session was opened for a single writer, which is still live: append through its SessionWriter",
             ),
         }
     }
@@ -163,8 +169,40 @@ impl SessionHandle {
     /// Appends an event to `stream` and returns its id. Takes no lock; any
     /// number of threads may append to one session at once. Wakes readers
     /// parked on the session (and only then pays for a wake-up).
+    ///
+    /// A session opened with [`Engine::open_single_writer`](crate::Engine::open_single_writer)
+    /// takes its events from its [`SessionWriter`] and refuses this
+    /// ([`AppendError::SingleWriter`]) until the writer is dropped.
     #[inline]
     pub fn append(&self, stream: u32, payload: &[u8]) -> Result<EventId, AppendError> {
+        let s = &*self.session;
+        if !s.window.takes_shared_appends() {
+            self.shared.metrics.add(Counter::AppendsRefused, 1);
+            return Err(AppendError::SingleWriter);
+        }
+        self.append_with(stream, payload, |shared, now, check| {
+            s.window.append(
+                &shared.pool,
+                s.owner(),
+                &shared.keep,
+                stream,
+                now,
+                payload,
+                check,
+            )
+        })
+    }
+
+    /// What both append paths share around the window's own: the stream
+    /// check, the clock, the durable pool's CRC, making room when the pool
+    /// is full, the sync, the activity stamp and the wake-up.
+    #[inline(always)]
+    fn append_with(
+        &self,
+        stream: u32,
+        payload: &[u8],
+        mut window_append: impl FnMut(&Shared, u64, u32) -> Result<u64, AppendFailure>,
+    ) -> Result<EventId, AppendError> {
         let shared = &*self.shared;
         let s = &*self.session;
         let refused = |e| {
@@ -184,15 +222,7 @@ impl SessionHandle {
         };
         let mut reclaimed = 0;
         let seq = loop {
-            match s.window.append(
-                &shared.pool,
-                s.owner(),
-                &shared.keep,
-                stream,
-                now,
-                payload,
-                check,
-            ) {
+            match window_append(shared, now, check) {
                 Ok(seq) => break seq,
                 Err(AppendFailure::TooLarge { max }) => {
                     return refused(AppendError::TooLarge {
@@ -331,5 +361,80 @@ impl SessionHandle {
     pub fn attachment<T: Attachment>(&self) -> Option<Arc<T>> {
         let any: Arc<dyn std::any::Any + Send + Sync> = self.session.attachment()?;
         any.downcast::<T>().ok()
+    }
+}
+
+/// The one writer of a session opened with
+/// [`Engine::open_single_writer`](crate::Engine::open_single_writer): for
+/// an embedding whose output for a session comes from one task.
+///
+/// Its appends take no locked instruction for the event itself: the
+/// session's head segment and its claims are known to the writer, not
+/// loaded and CASed as [`SessionHandle::append`] must when any thread may
+/// append (the wake-up check is the one RMW left). Everything else is as
+/// for any session: readers, resumes, retention, eviction and close work
+/// through [`handle`](Self::handle) and the engine.
+///
+/// While the writer is live, [`SessionHandle::append`] on its session is
+/// refused ([`AppendError::SingleWriter`]); once it is dropped, the
+/// session takes appends from any thread. A session closed (or evicted)
+/// while its writer is live keeps its newest segment until the writer
+/// next appends (which fails with [`AppendError::SessionEnded`]) or is
+/// dropped: the writer may be writing into it, so the close leaves it to
+/// the writer rather than wait for it.
+pub struct SessionWriter {
+    handle: SessionHandle,
+    state: SingleWriter,
+}
+
+impl fmt::Debug for SessionWriter {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SessionWriter")
+            .field("session", &self.handle.session)
+            .finish_non_exhaustive()
+    }
+}
+
+impl SessionWriter {
+    pub(crate) fn new(handle: SessionHandle) -> SessionWriter {
+        SessionWriter {
+            handle,
+            state: SingleWriter::new(),
+        }
+    }
+
+    /// The session this writer appends to: open streams on it, read it,
+    /// close it. Clone it to hand to readers.
+    pub fn handle(&self) -> &SessionHandle {
+        &self.handle
+    }
+
+    /// Appends an event to `stream` and returns its id, as
+    /// [`SessionHandle::append`] does.
+    #[inline]
+    pub fn append(&mut self, stream: u32, payload: &[u8]) -> Result<EventId, AppendError> {
+        let SessionWriter { handle, state } = self;
+        let s = &*handle.session;
+        handle.append_with(stream, payload, |shared, now, check| {
+            s.window.append_single(
+                &shared.pool,
+                s.owner(),
+                &shared.keep,
+                state,
+                stream,
+                now,
+                payload,
+                check,
+            )
+        })
+    }
+}
+
+impl Drop for SessionWriter {
+    fn drop(&mut self) {
+        let h = &self.handle;
+        h.session
+            .window
+            .writer_done(&h.shared.pool, &mut self.state);
     }
 }

@@ -72,7 +72,7 @@ mod shared;
 pub use crate::{
     config::{Config, ConfigError, SyncPolicy},
     engine::Engine,
-    handle::{AppendError, CallGuard, SessionHandle},
+    handle::{AppendError, CallGuard, SessionHandle, SessionWriter},
     id::{EventId, EventIdError, SessionId, SessionIdError, TagKey},
     metrics::MetricsSnapshot,
     policy::{

@@ -340,12 +340,13 @@ impl Shared {
         self: &Arc<Self>,
         id: SessionId,
         principal: Option<&str>,
+        single_writer: bool,
     ) -> Result<SessionHandle, OpenError> {
         self.admit(principal)?;
         // Relaxed: uniqueness comes from the RMW itself; nothing else is
         // published through this counter.
         let epoch = self.next_epoch.fetch_add(1, Ordering::Relaxed);
-        let session = Session::new(
+        let mut session = Session::new(
             id,
             self.tag_key.tag(id),
             epoch,
@@ -353,6 +354,9 @@ impl Shared {
             principal,
             self.now_ms(),
         );
+        if single_writer {
+            session.window = crate::storage::Window::new_single();
+        }
         self.register(session, principal)
     }
 

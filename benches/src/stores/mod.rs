@@ -11,7 +11,10 @@ mod shared_mutex;
 pub use broadcast::{BroadcastPerSession, BroadcastWriter};
 pub use floor::{FloorStore, FloorWriter};
 pub use go_style::{GoCursor, GoStyleStore, GoWriter, GO_DEFAULT_MAX_BYTES};
-pub use rewind::{RewindCursor, RewindPerEventStore, RewindStore, RewindWriter};
+pub use rewind::{
+    RewindCursor, RewindPerEventStore, RewindSingleWriter, RewindSingleWriterStore, RewindStore,
+    RewindWriter,
+};
 pub use scan_sort::{ScanSortCursor, ScanSortStore};
 pub use shared_mutex::{SharedMutexCursor, SharedMutexStore};
 

@@ -4,7 +4,9 @@ use std::hint::black_box;
 
 use std::cell::RefCell;
 
-use rewind_engine::{Batch, Config, Engine, ResumeAction, ResumeRequest, SessionHandle};
+use rewind_engine::{
+    Batch, Config, Engine, ResumeAction, ResumeRequest, SessionHandle, SessionWriter,
+};
 
 use crate::{AppendStore, ReplayStore};
 
@@ -186,5 +188,41 @@ impl ReplayStore for RewindPerEventStore {
 
     fn resume_first(&self, cursor: &RewindCursor, buf: &mut Vec<u8>) -> bool {
         self.0.resume_first(cursor, buf)
+    }
+}
+
+/// Rewind with each session opened for one writer
+/// ([`Engine::open_single_writer`]): appends without the claim CAS, for an
+/// embedding whose output for a session comes from one task.
+#[derive(Debug, Default)]
+pub struct RewindSingleWriterStore(pub RewindStore);
+
+/// The one writer of a Rewind session, on one stream.
+#[derive(Debug)]
+pub struct RewindSingleWriter {
+    writer: SessionWriter,
+    stream: u32,
+}
+
+impl AppendStore for RewindSingleWriterStore {
+    type Writer = RewindSingleWriter;
+    const NAME: &'static str = "RewindSingleWriter";
+
+    fn open(&self) -> RewindSingleWriter {
+        let writer = self
+            .0
+            .engine
+            .open_single_writer(None)
+            .expect("global budget is unreachable");
+        let stream = writer
+            .handle()
+            .new_stream()
+            .expect("fresh session has streams");
+        RewindSingleWriter { writer, stream }
+    }
+
+    #[inline]
+    fn append(&self, w: &mut RewindSingleWriter, payload: &[u8]) {
+        black_box(w.writer.append(w.stream, payload).expect("append"));
     }
 }

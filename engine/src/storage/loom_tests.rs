@@ -288,3 +288,89 @@ fn loom_wake_ups_are_never_lost() {
         assert!(saw || woken.load(Ordering::Acquire), "lost wake-up");
     });
 }
+
+#[test]
+fn loom_a_single_writer_racing_a_close_never_writes_into_a_segment_given_away() {
+    loom::model(|| {
+        // Three units, one frame each: the writer's second append installs
+        // a segment while the close runs; what the close frees, session B
+        // takes at once.
+        let p = Arc::new(pool(3, 0));
+        let total = p.free_bytes();
+        let w = Arc::new(Window::new_single());
+        let writer = {
+            let (p, w) = (p.clone(), w.clone());
+            thread::spawn(move || {
+                let mut sw = SingleWriter::new();
+                for n in 1..=2u64 {
+                    match w.append_single(&p, A, &keep(8), &mut sw, 0, 1, &body(0, n), 0) {
+                        Ok(seq) => assert_eq!(seq, n),
+                        // B may hold every unit the close freed.
+                        Err(AppendFailure::Ended | AppendFailure::PoolFull { .. }) => break,
+                        Err(e) => panic!("{e:?}"),
+                    }
+                }
+                w.writer_done(&p, &mut sw);
+            })
+        };
+        assert!(w.close(&p).is_empty(), "nothing left half-written");
+        let wb = Window::new();
+        let mut taken = 0;
+        for n in 1..=3u64 {
+            if wb.append(&p, B, &keep(8), 1, 1, &body(1, n), 0).is_err() {
+                break;
+            }
+            taken = n;
+        }
+        writer.join().unwrap();
+        // Had the writer written into a segment B was given, B would read
+        // A's bytes (or a torn frame) here.
+        let mut c = wb.cursor_after(0);
+        let mut buf = Vec::new();
+        for n in 1..=taken {
+            match wb.read(&p, B, &mut c, None, &mut buf) {
+                Read::Event(m) => {
+                    assert_eq!(m.seq, n);
+                    assert_eq!(buf, body(1, n));
+                }
+                other => panic!("B's event {n}: {other:?}"),
+            }
+        }
+        assert!(wb.close(&p).is_empty());
+        assert_eq!(p.free_bytes(), total, "every segment freed, none twice");
+    });
+}
+
+#[test]
+fn loom_a_reader_of_a_single_writer_across_a_segment_boundary() {
+    loom::model(|| {
+        let p = Arc::new(pool(3, 0));
+        let w = Arc::new(Window::new_single());
+        let reader = {
+            let (p, w) = (p.clone(), w.clone());
+            thread::spawn(move || {
+                let mut c = w.cursor_after(0);
+                let mut buf = Vec::new();
+                let mut next = 1;
+                for _ in 0..3 {
+                    match w.read(&p, A, &mut c, None, &mut buf) {
+                        Read::Event(m) => {
+                            assert_eq!(m.seq, next, "in order, none skipped");
+                            assert_eq!(buf, body(0, next));
+                            next += 1;
+                        }
+                        Read::Pending => {}
+                        other => panic!("{other:?}"),
+                    }
+                }
+            })
+        };
+        let mut sw = SingleWriter::new();
+        for n in 1..=2u64 {
+            let seq = w.append_single(&p, A, &keep(8), &mut sw, 0, 1, &body(0, n), 0);
+            assert_eq!(seq, Ok(n));
+        }
+        reader.join().unwrap();
+        w.writer_done(&p, &mut sw);
+    });
+}

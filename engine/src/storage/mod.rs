@@ -42,6 +42,32 @@
 //! one `AcqRel` RMW of the session's waiter count that leaves it unchanged
 //! — a locked instruction on x86, no fence.)
 //!
+//! # Append by a single writer
+//!
+//! A session opened for one writer (`Engine::open_single_writer`) has a
+//! window marked *single*; only its writer appends (`Window::append_single`;
+//! shared appends are refused until the writer is gone). The writer keeps
+//! its own copy of the head segment's place, claims and first sequence
+//! number, so an append into a head with room is: one `Relaxed` load of
+//! `head` (to see a close), the state word *stored* with the new claims
+//! (`Relaxed`, as the CAS was), the frame's stores and its `Release` mark.
+//! No RMW, no fence. A full head costs the allocation, the seal (a
+//! `Release` store: nobody else writes a live writer's head state) and a
+//! CAS of `head`, which fails only if a close came first.
+//!
+//! Plain stores into the head are safe because a close never frees a live
+//! writer's head: it frees the chain up to the head it swapped out, then
+//! sets `CLOSE_DONE` in the window's `single` word (`AcqRel` RMW); the
+//! writer, once it sees the close (its next append) or is dropped, sets
+//! `WRITER_DONE` the same way; whichever comes second frees the head (and
+//! a successor the writer linked while the close ran). Loom model
+//! `loom_a_single_writer_racing_a_close_never_writes_into_a_segment_given_away`.
+//! A writer that is dropped before any close hands the session back to
+//! shared appends (its `Release` RMW, their `Acquire` load of `single`).
+//!
+//! With the engine's wake-up check (one locked instruction, as above), a
+//! single-writer append costs one RMW, a shared one two.
+//!
 //! # Read (any number of readers, never waiting, never writing)
 //!
 //! A cursor is `(segment, stamp, index, offset)`. Reading frame `index`:
@@ -95,9 +121,10 @@
 //! programming language memory models?", 2012). A reader that loaded any
 //! word written by a later owner and then fenced (Acquire) observes the new
 //! stamp. State words carry 21 bits of the stamp and marks and table
-//! entries 32, and every state change is a CAS, so an appender that slept
-//! through a release and reuse fails its CAS instead of writing into the
-//! new owner's segment. A segment is released only when it is sealed and
+//! entries 32, and every state change of a shared window is a CAS, so an
+//! appender that slept through a release and reuse fails its CAS instead
+//! of writing into the new owner's segment (a single writer's head is
+//! never released under it, above). A segment is released only when it is sealed and
 //! every frame its count announces carries its mark: no writer can still be
 //! copying into it.
 //!
@@ -147,7 +174,9 @@ mod recover_tests;
 mod tests;
 
 pub(crate) use pool::{Pool, PoolShape};
-pub(crate) use window::{AppendFailure, Cursor, Deferred, Owner, Read, Retention, Window};
+pub(crate) use window::{
+    AppendFailure, Cursor, Deferred, Owner, Read, Retention, SingleWriter, Window,
+};
 
 /// The default unit: 512-byte segments are the smallest class.
 pub(crate) const UNIT_WORDS: usize = 64;

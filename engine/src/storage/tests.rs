@@ -592,3 +592,131 @@ fn a_recovered_pool_hands_out_its_untouched_part_after_its_lists_and_never_twice
         "the untouched region's top block first"
     );
 }
+
+#[test]
+fn a_single_writer_appends_what_a_shared_writer_would_across_segments() {
+    let p = pool(256, 4);
+    let shared = Window::new();
+    let single = Window::new_single();
+    let mut writer = SingleWriter::new();
+    let k = keep(1 << 20, 1 << 20);
+    assert!(!single.takes_shared_appends(), "its writer is live");
+    for seq in 1..=60u64 {
+        let body = payload(seq, (seq as usize * 7) % 90);
+        assert_eq!(shared.append(&p, A, &k, 3, seq * 10, &body, 0), Ok(seq));
+        assert_eq!(
+            single.append_single(&p, B, &k, &mut writer, 3, seq * 10, &body, 0),
+            Ok(seq)
+        );
+    }
+    assert_eq!(single.high_water(&p), 60);
+    assert_eq!(single.held_units(), shared.held_units(), "same chain shape");
+    assert_eq!(
+        read_all(&single, &p, B, 0, None),
+        read_all(&shared, &p, A, 0, None)
+    );
+    assert_eq!(read_all(&single, &p, B, 37, None).len(), 23);
+    assert_eq!(single.place(&p, B, Some(41)).appended_ms, Some(410));
+    // Retention applies to its chain as to any.
+    let small = keep(4, 1 << 20);
+    for seq in 61..=200u64 {
+        single
+            .append_single(&p, B, &small, &mut writer, 3, 0, &payload(seq, 40), 0)
+            .unwrap();
+    }
+    assert!(single.oldest_retained(&p) > 100, "old segments released");
+}
+
+#[test]
+fn a_close_leaves_the_live_writers_head_to_it_and_it_frees_it() {
+    let p = pool(64, 4);
+    let total = p.free_bytes();
+    let w = Window::new_single();
+    let mut writer = SingleWriter::new();
+    let k = keep(1 << 20, 1 << 20);
+    for seq in 1..=30u64 {
+        w.append_single(&p, A, &k, &mut writer, 0, 0, &payload(seq, 50), 0)
+            .unwrap();
+    }
+    let mut c = w.cursor_after(10);
+    let held = total - p.free_bytes();
+    assert!(w.close(&p).is_empty());
+    let left = total - p.free_bytes();
+    assert!(left > 0, "the head segment is still the writer's");
+    assert!(left < held, "the segments before it are freed");
+    assert_eq!(w.read(&p, A, &mut c, None, &mut Vec::new()), Read::Ended);
+    // The writer learns of the close at its next append, and frees it.
+    assert_eq!(
+        w.append_single(&p, A, &k, &mut writer, 0, 0, b"late", 0),
+        Err(AppendFailure::Ended)
+    );
+    assert_eq!(p.free_bytes(), total, "every segment is back");
+    assert_eq!(
+        w.append_single(&p, A, &k, &mut writer, 0, 0, b"later", 0),
+        Err(AppendFailure::Ended)
+    );
+    w.writer_done(&p, &mut writer);
+    assert!(w.close(&p).is_empty(), "closing twice is harmless");
+    assert_eq!(p.free_bytes(), total, "and frees nothing twice");
+}
+
+#[test]
+fn a_writer_dropped_before_the_close_hands_the_session_to_shared_appends() {
+    let p = pool(64, 4);
+    let total = p.free_bytes();
+    let k = keep(1 << 20, 1 << 20);
+    // Dropped after appending: shared appends continue the numbering.
+    let w = Window::new_single();
+    let mut writer = SingleWriter::new();
+    for seq in 1..=5u64 {
+        w.append_single(&p, A, &k, &mut writer, 0, 0, &payload(seq, 50), 0)
+            .unwrap();
+    }
+    w.writer_done(&p, &mut writer);
+    assert!(w.takes_shared_appends());
+    assert_eq!(w.append(&p, A, &k, 0, 0, &payload(6, 50), 0), Ok(6));
+    assert_eq!(read_all(&w, &p, A, 0, None).len(), 6);
+    assert!(w.close(&p).is_empty());
+    assert_eq!(p.free_bytes(), total, "the close freed the whole chain");
+    // Closed while the writer is live, then the writer is dropped.
+    let w = Window::new_single();
+    let mut writer = SingleWriter::new();
+    w.append_single(&p, A, &k, &mut writer, 0, 0, b"one", 0)
+        .unwrap();
+    assert!(w.close(&p).is_empty());
+    assert!(p.free_bytes() < total, "left to the writer");
+    w.writer_done(&p, &mut writer);
+    assert_eq!(p.free_bytes(), total, "the writer freed its head");
+    // Never appended: nothing to hand over either way.
+    let w = Window::new_single();
+    let mut writer = SingleWriter::new();
+    assert!(w.close(&p).is_empty());
+    assert_eq!(
+        w.append_single(&p, A, &k, &mut writer, 0, 0, b"x", 0),
+        Err(AppendFailure::Ended)
+    );
+    assert_eq!(p.free_bytes(), total);
+}
+
+#[test]
+fn a_single_writer_refuses_what_the_shared_path_refuses() {
+    let p = pool(4, 1);
+    let w = Window::new_single();
+    let mut writer = SingleWriter::new();
+    let k = keep(1 << 20, 1 << 20);
+    let max = max_payload(&p);
+    assert_eq!(
+        w.append_single(&p, A, &k, &mut writer, 0, 0, &vec![0; max + 1], 0),
+        Err(AppendFailure::TooLarge { max })
+    );
+    let mut seq = 0;
+    let full = loop {
+        match w.append_single(&p, A, &k, &mut writer, 0, 0, &[7; 100], 0) {
+            Ok(s) => seq = s,
+            Err(e) => break e,
+        }
+    };
+    assert!(matches!(full, AppendFailure::PoolFull { .. }), "{full:?}");
+    assert_eq!(w.high_water(&p), seq, "nothing half-stored");
+    assert_eq!(read_all(&w, &p, A, 0, None).len() as u64, seq);
+}

@@ -187,6 +187,58 @@ pub(crate) struct Window {
     oldest: AtomicU64,
     /// Units held by the chain (approximate while segments come and go).
     held_units: AtomicU32,
+    /// 0 for a window any number of threads append to; else [`SINGLE`]
+    /// and the hand-over bits of a single-writer window
+    /// ([`WRITER_DONE`], [`CLOSE_DONE`]).
+    single: AtomicU32,
+}
+
+/// The window has one writer ([`Window::append_single`]).
+const SINGLE: u32 = 1;
+/// Its writer is gone for good: it appends no more.
+const WRITER_DONE: u32 = 2;
+/// A close ran while the writer was live and left it the head segment.
+const CLOSE_DONE: u32 = 4;
+
+/// The one writer of a single-writer window: where it appends, known
+/// without loading anything shared. Only this writer changes the head's
+/// state word and the window's head (a close swaps the head to `CLOSED`
+/// but leaves the head segment to the writer), so the copy stays true.
+#[derive(Debug, Default)]
+pub(crate) struct SingleWriter {
+    head: Option<WriterHead>,
+    done: bool,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct WriterHead {
+    seg: SegRef,
+    class: u8,
+    /// Words of the segment.
+    words: u32,
+    first_seq: u64,
+    /// Frames and frame bytes claimed: what its state word says.
+    count: u32,
+    used: u32,
+}
+
+impl WriterHead {
+    fn new(pool: &Pool, seg: SegRef, class: u8, first_seq: u64) -> WriterHead {
+        WriterHead {
+            seg,
+            class,
+            words: pool.shape().class_words(class) as u32,
+            first_seq,
+            count: 0,
+            used: 0,
+        }
+    }
+}
+
+impl SingleWriter {
+    pub(crate) fn new() -> SingleWriter {
+        SingleWriter::default()
+    }
 }
 
 impl Default for Window {
@@ -201,7 +253,27 @@ impl Window {
             head: AtomicU64::new(0),
             oldest: AtomicU64::new(0),
             held_units: AtomicU32::new(0),
+            single: AtomicU32::new(0),
         }
+    }
+
+    /// A window whose events come from one [`SingleWriter`] (through
+    /// [`append_single`](Self::append_single)); [`append`](Self::append)
+    /// is for when that writer is gone ([`takes_shared_appends`](Self::takes_shared_appends)).
+    pub(crate) fn new_single() -> Window {
+        Window {
+            single: AtomicU32::new(SINGLE),
+            ..Window::new()
+        }
+    }
+
+    /// Whether [`append`](Self::append) may be called: always for a
+    /// window of many writers; for a single-writer window once its writer
+    /// is done (Acquire: its last stores happen before the caller's).
+    #[inline]
+    pub(crate) fn takes_shared_appends(&self) -> bool {
+        let single = self.single.load(Ordering::Acquire);
+        single == 0 || single & WRITER_DONE != 0
     }
 
     /// A window over a recovered chain from `oldest` to `head` holding
@@ -212,6 +284,7 @@ impl Window {
             head: AtomicU64::new(head.pack()),
             oldest: AtomicU64::new(oldest.pack()),
             held_units: AtomicU32::new(held_units),
+            single: AtomicU32::new(0),
         }
     }
 
@@ -274,7 +347,7 @@ impl Window {
                 }
                 let class = need_class.max(keep.first_class);
                 match self.install_first(pool, owner, class, need_class, 1, now_ms, &mut spare) {
-                    Ok(()) => continue,
+                    Ok(_) => continue,
                     Err(e) => break Err(e),
                 }
             };
@@ -372,6 +445,188 @@ impl Window {
         result
     }
 
+    /// Appends one frame as the window's single writer; returns its
+    /// sequence number. Only the holder of `w` may append to this window
+    /// (see [`new_single`](Self::new_single)).
+    ///
+    /// Into a head segment with room this is one `Relaxed` load of `head`
+    /// (has a close taken the window?), the state word stored instead of
+    /// CASed (no other thread writes the head's state while the writer is
+    /// live), and the frame: no locked instruction. A new segment costs
+    /// the head CAS that tells the writer whether a close came first.
+    #[inline]
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "one hot call; a struct would be built and torn down per event"
+    )]
+    pub(crate) fn append_single(
+        &self,
+        pool: &Pool,
+        owner: Owner,
+        keep: &Retention,
+        w: &mut SingleWriter,
+        stream: u32,
+        now_ms: u64,
+        payload: &[u8],
+        check: u32,
+    ) -> Result<u64, AppendFailure> {
+        let frame_bytes = frame_words(payload.len()) * WORD_BYTES;
+        if let Some(h) = w.head.as_mut() {
+            // Relaxed: only this writer moves the head, and a close that
+            // this load misses leaves the head segment to it (the frame
+            // below is then written into memory nobody else holds).
+            if self.head.load(Ordering::Relaxed) == h.seg.pack()
+                && fits(h.words as usize, h.count, h.used, frame_bytes)
+            {
+                let (count, used) = (h.count, h.used);
+                h.count += 1;
+                h.used += frame_bytes as u32;
+                // Relaxed, as the shared path's claim: the frame is
+                // published by its mark.
+                pool.state(h.seg.unit).store(
+                    State::Open {
+                        count: h.count,
+                        used: h.used,
+                    }
+                    .encode(h.seg.stamp),
+                    Ordering::Relaxed,
+                );
+                let offset = (HEADER_WORDS + used as usize / WORD_BYTES) as u32;
+                write_frame(
+                    pool.segment(h.seg.unit, h.class),
+                    h.seg.stamp,
+                    count,
+                    offset,
+                    stream,
+                    check,
+                    now_ms,
+                    payload,
+                );
+                return Ok(h.first_seq + u64::from(count));
+            }
+        }
+        self.append_single_slow(pool, owner, keep, w, stream, now_ms, payload, check)
+    }
+
+    /// [`append_single`](Self::append_single) when the head segment has no
+    /// room, there is none yet, or the window was closed.
+    #[cold]
+    #[inline(never)]
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "append_single's arguments, passed on"
+    )]
+    fn append_single_slow(
+        &self,
+        pool: &Pool,
+        owner: Owner,
+        keep: &Retention,
+        w: &mut SingleWriter,
+        stream: u32,
+        now_ms: u64,
+        payload: &[u8],
+        check: u32,
+    ) -> Result<u64, AppendFailure> {
+        debug_assert!(self.single.load(Ordering::Relaxed) & SINGLE != 0);
+        if w.done {
+            return Err(AppendFailure::Ended);
+        }
+        let frame_bytes = frame_words(payload.len()) * WORD_BYTES;
+        let Some(need_class) = fit_class(pool, frame_bytes) else {
+            return Err(AppendFailure::TooLarge {
+                max: max_payload(pool),
+            });
+        };
+        loop {
+            let Some(h) = w.head.as_mut() else {
+                let class = need_class.max(keep.first_class);
+                let mut spare = None;
+                let installed =
+                    self.install_first(pool, owner, class, need_class, 1, now_ms, &mut spare);
+                // Prepared for a window that was closed first.
+                if let Some((seg, class)) = spare {
+                    pool.free(seg, class);
+                }
+                match installed {
+                    // Only this writer installs: the head is its segment
+                    // (or a close has taken the head since and left it
+                    // the segment, which the next round finds).
+                    Ok(Some((seg, class))) => {
+                        w.head = Some(WriterHead::new(pool, seg, class, 1));
+                        continue;
+                    }
+                    Ok(None) => unreachable!("a single-writer window has one installer"),
+                    // Closed first; the closer freed what was installed.
+                    Err(AppendFailure::Ended) => {
+                        self.writer_done(pool, w);
+                        return Err(AppendFailure::Ended);
+                    }
+                    Err(e) => return Err(e),
+                }
+            };
+            if self.head.load(Ordering::Relaxed) != h.seg.pack() {
+                self.writer_done(pool, w);
+                return Err(AppendFailure::Ended);
+            }
+            if fits(h.words as usize, h.count, h.used, frame_bytes) {
+                return self.append_single(pool, owner, keep, w, stream, now_ms, payload, check);
+            }
+            let wanted = need_class.max(keep.grow_class.min(h.class + 1));
+            let first_seq = h.first_seq + u64::from(h.count);
+            let Some((seg, class)) = take_spare(pool, &mut None, wanted, need_class) else {
+                if self.release_oldest(pool, keep, false, true) > 0 {
+                    continue;
+                }
+                return Err(AppendFailure::PoolFull { class: need_class });
+            };
+            init_segment(pool, seg, class, owner, first_seq, h.seg, now_ms);
+            // A store, not a CAS: nobody else writes the head's state.
+            // Release: whoever follows `next` sees the successor's header.
+            pool.state(h.seg.unit).store(
+                State::Next { next: seg.unit }.encode(h.seg.stamp),
+                Ordering::Release,
+            );
+            self.held_units.fetch_add(1 << class, Ordering::Relaxed);
+            // Release publishes the successor to appenders-to-be and
+            // readers; the CAS fails only on a close, which left the old
+            // head to this writer — and with it the successor just linked.
+            match self.head.compare_exchange(
+                h.seg.pack(),
+                seg.pack(),
+                Ordering::AcqRel,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => {
+                    *h = WriterHead::new(pool, seg, class, first_seq);
+                    self.release_oldest(pool, keep, false, true);
+                }
+                Err(_) => {
+                    self.writer_done(pool, w);
+                    return Err(AppendFailure::Ended);
+                }
+            }
+        }
+    }
+
+    /// The single writer is gone for good (dropped, or it saw the window
+    /// closed). Whichever of it and a close comes second frees the head
+    /// segment the close left to the writer, with whatever the writer
+    /// linked after it.
+    pub(crate) fn writer_done(&self, pool: &Pool, w: &mut SingleWriter) {
+        if std::mem::replace(&mut w.done, true) {
+            return;
+        }
+        // AcqRel: Release hands the writer's stores to the close (or to
+        // shared appenders, `takes_shared_appends`); Acquire, when the
+        // close came first, its walk to the writer's free.
+        let before = self.single.fetch_or(WRITER_DONE, Ordering::AcqRel);
+        if before & CLOSE_DONE != 0 {
+            if let Some(h) = w.head.take() {
+                free_chain(pool, h.seg);
+            }
+        }
+    }
+
     /// Installs the first segment of a window nothing was appended to
     /// yet, numbered so that the first append gets `after + 1`: the window
     /// of a session that continues elsewhere-numbered events (a cluster
@@ -387,6 +642,7 @@ impl Window {
         now_ms: u64,
     ) -> Result<(), AppendFailure> {
         self.install_first(pool, owner, class, 0, after + 1, now_ms, &mut None)
+            .map(|_| ())
     }
 
     /// Installs the first segment of the window, numbered from `first_seq`.
@@ -403,7 +659,7 @@ impl Window {
         first_seq: u64,
         now_ms: u64,
         spare: &mut Option<(SegRef, u8)>,
-    ) -> Result<(), AppendFailure> {
+    ) -> Result<Option<(SegRef, u8)>, AppendFailure> {
         let (seg, class) = take_spare(pool, spare, class, least)
             .ok_or(AppendFailure::PoolFull { class: least })?;
         init_segment(pool, seg, class, owner, first_seq, NO_SEG, now_ms);
@@ -423,7 +679,7 @@ impl Window {
                     Ordering::Release,
                     Ordering::Relaxed,
                 ) {
-                    Ok(_) => Ok(()),
+                    Ok(_) => Ok(Some((seg, class))),
                     // Closed in between; the closer owns the segment now.
                     Err(_) => Err(AppendFailure::Ended),
                 }
@@ -438,7 +694,7 @@ impl Window {
                 while self.head.load(Ordering::Acquire) == 0 {
                     spin.snooze();
                 }
-                Ok(())
+                Ok(None)
             }
         }
     }
@@ -460,6 +716,13 @@ impl Window {
     /// `keep` (or, with `force`, releases one oldest segment that is not the
     /// head whatever `keep` says). Returns the units released.
     pub(crate) fn retain(&self, pool: &Pool, keep: &Retention, force: bool) -> u32 {
+        self.release_oldest(pool, keep, force, false)
+    }
+
+    /// [`retain`](Self::retain), told by a live single writer that every
+    /// frame before the head is published (it finished each before it
+    /// moved on): no need to check the marks of the segment released.
+    fn release_oldest(&self, pool: &Pool, keep: &Retention, force: bool, written: bool) -> u32 {
         let mut released = 0;
         loop {
             let oldest_word = self.oldest.load(Ordering::Acquire);
@@ -501,7 +764,7 @@ impl Window {
                     return released;
                 }
             }
-            if !all_published(pool, oldest, old.class(), count as u32) {
+            if !written && !all_published(pool, oldest, old.class(), count as u32) {
                 // A writer that claimed a frame there has not finished; the
                 // next install tries again.
                 return released;
@@ -529,13 +792,26 @@ impl Window {
     /// Closes the window: no append succeeds afterwards, readers end, and
     /// every segment is freed — except those with a frame still being
     /// written, returned for [`Deferred::try_free`] later.
+    ///
+    /// A single-writer window whose writer is live is closed up to its
+    /// head segment, which is left to the writer: it may be writing there
+    /// without a CAS. Whichever of the close and the writer's
+    /// [`writer_done`](Self::writer_done) comes second frees it.
     pub(crate) fn close(&self, pool: &Pool) -> Vec<Deferred> {
         let mut deferred = Vec::new();
-        self.head.swap(CLOSED, Ordering::AcqRel);
+        // Acquire: a writer done before this load made its last stores
+        // visible (the close may then seal and free its head as usual).
+        let single = self.single.load(Ordering::Acquire);
+        let writer_live = single & SINGLE != 0 && single & WRITER_DONE == 0;
+        let head = self.head.swap(CLOSED, Ordering::AcqRel);
+        let left = SegRef::unpack(head).filter(|_| writer_live);
         let oldest = self.oldest.swap(CLOSED, Ordering::AcqRel);
         let mut next = SegRef::unpack(oldest);
         let spin = Spin::new();
         while let Some(seg) = next {
+            if Some(seg) == left {
+                break;
+            }
             let Some(header) = read_header(pool, seg) else {
                 break;
             };
@@ -578,6 +854,12 @@ impl Window {
             let d = Deferred { seg, class, count };
             if !d.try_free(pool) {
                 deferred.push(d);
+            }
+        }
+        if let Some(left) = left {
+            // AcqRel: pairs with the writer's `fetch_or` either way round.
+            if self.single.fetch_or(CLOSE_DONE, Ordering::AcqRel) & WRITER_DONE != 0 {
+                free_chain(pool, left);
             }
         }
         self.held_units.store(0, Ordering::Relaxed);
@@ -1429,6 +1711,26 @@ fn run_placed(
     *seq = next;
     pos.offset = at as u32;
     true
+}
+
+/// Frees `seg` and the segments linked after it: the head a close left
+/// to a single writer, once both are done with it (every frame in it is
+/// published: its writer finished).
+fn free_chain(pool: &Pool, seg: SegRef) {
+    let mut next = Some(seg);
+    while let Some(seg) = next {
+        let Some(header) = read_header(pool, seg) else {
+            return;
+        };
+        next = match State::decode(pool.state(seg.unit).load(Ordering::Acquire), seg.stamp) {
+            Some(State::Next { next }) => Some(SegRef {
+                unit: next,
+                stamp: pool.stamp_now(next, Ordering::Acquire),
+            }),
+            _ => None,
+        };
+        pool.free(seg, header.class());
+    }
 }
 
 /// Whether all `count` frames of `seg` are published.
