@@ -652,3 +652,35 @@ fn recovery_reads_only_the_units_the_pool_ever_used() {
     let e = Engine::new(big()).unwrap();
     assert_eq!(e.recovery().unwrap().events, 4 * 80);
 }
+
+#[test]
+fn a_single_writers_events_survive_a_reopen_and_the_session_then_takes_any_appender() {
+    let dir = tempfile::tempdir().unwrap();
+    let (kept, closed);
+    {
+        let e = Engine::new(config(dir.path())).unwrap();
+        let mut w = e.open_single_writer(None).unwrap();
+        for seq in 1..=300 {
+            assert_eq!(w.append(0, &payload(7, seq)).unwrap().seq, seq);
+        }
+        kept = w.handle().id();
+        // Closed while its writer lives: the close leaves the head to the
+        // writer, which is dropped with the engine.
+        let mut gone = e.open_single_writer(None).unwrap();
+        gone.append(0, b"never again").unwrap();
+        closed = gone.handle().id();
+        assert!(gone.handle().close());
+        // The writer is still live when the engine goes away.
+        drop(e);
+        drop((w, gone));
+    }
+    let e = Engine::new(config(dir.path())).unwrap();
+    let report = e.recovery().unwrap().clone();
+    assert_eq!((report.sessions, report.events), (1, 300), "{report:?}");
+    assert_eq!(report.damaged_frames, 0);
+    let s = e.session(kept).expect("restored");
+    let want: Vec<_> = (1..=300).map(|seq| (seq, payload(7, seq))).collect();
+    assert_eq!(replay_all(&s, 0), want);
+    assert_eq!(s.append(0, b"after").unwrap().seq, 301);
+    assert!(e.session(closed).is_none(), "a closed session stays closed");
+}
