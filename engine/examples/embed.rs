@@ -20,17 +20,20 @@ const EVENTS: u32 = 10;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let engine = Engine::new(Config::default())?;
-    let session = engine.open(None)?; // an unguessable id and a new epoch
+    // An unguessable id and a new epoch. All of this session's events come
+    // from one producer, so it is opened for a single writer (whose appends
+    // skip a CAS); `engine.open(None)` gives a session any thread appends to.
+    let mut writer = engine.open_single_writer(None)?;
+    let session = writer.handle().clone();
     let stream = session.new_stream().ok_or("no stream left")?;
     let session_id = session.id().to_string();
     println!("session {session_id}, stream {stream}");
 
     // The producer: a tool reporting progress, one event every 20 ms.
     let producer = {
-        let session = session.clone();
         std::thread::spawn(move || -> Result<(), rewind_engine::AppendError> {
             for i in 1..=EVENTS {
-                session.append(stream, format!("progress {i}/{EVENTS}").as_bytes())?;
+                writer.append(stream, format!("progress {i}/{EVENTS}").as_bytes())?;
                 std::thread::sleep(Duration::from_millis(20));
             }
             Ok(())
