@@ -15,12 +15,19 @@
 //! - under pool pressure (floods of sessions, a busy session filling the
 //!   pool) only idle sessions are evicted, an evicted session is gone
 //!   everywhere (appends refused, resumes 404), and a busy session loses
-//!   its oldest events (a gap), never its session.
+//!   its oldest events (a gap), never its session;
+//! - sessions opened for a single writer behave the same through their
+//!   `SessionWriter` (shared appends refused while it lives, taken once it
+//!   is dropped), and however scripts close, evict, restart or drop them,
+//!   closing everything at the end leaves no pool byte held.
 
 use std::collections::HashMap;
 
 use proptest::prelude::*;
-use rewind_engine::{Config, Engine, EventId, ResumeAction, ResumeRequest, SessionHandle, Verdict};
+use rewind_engine::{
+    AppendError, Config, Engine, EventId, ResumeAction, ResumeRequest, SessionHandle,
+    SessionWriter, Verdict,
+};
 
 const SLOTS: usize = 8;
 
@@ -44,6 +51,11 @@ enum CursorPick {
 #[derive(Debug, Clone)]
 enum Op {
     Open,
+    /// Open a session for a single writer: appends go through its writer.
+    OpenSingle,
+    /// Drop a single-writer session's writer: the session then takes
+    /// appends from anyone.
+    DropWriter(usize),
     /// Append `n` events on `stream`, from one or two threads at once.
     Append {
         session: usize,
@@ -81,6 +93,8 @@ fn op() -> impl Strategy<Value = Op> {
     ];
     prop_oneof![
         2 => Just(Op::Open),
+        1 => Just(Op::OpenSingle),
+        1 => (0usize..6).prop_map(Op::DropWriter),
         6 => (0usize..6, 0u32..3, 1usize..12, any::<bool>())
             .prop_map(|(session, stream, n, two_threads)| Op::Append { session, stream, n, two_threads }),
         6 => (0usize..6, cursor).prop_map(|(session, cursor)| Op::Resume { session, cursor }),
@@ -102,6 +116,8 @@ struct ModelEvent {
 /// One session slot of the model: its current incarnation and history.
 struct ModelSession {
     handle: SessionHandle,
+    /// The session's single writer while it lives.
+    writer: Option<SessionWriter>,
     live: bool,
     events: Vec<ModelEvent>,
     old_epochs: Vec<ModelEvent>,
@@ -145,11 +161,76 @@ impl World {
                 let handle = self.engine.open(None).unwrap();
                 self.sessions.push(ModelSession {
                     handle,
+                    writer: None,
                     live: true,
                     events: vec![],
                     old_epochs: vec![],
                     counter: 0,
                 });
+            }
+            Op::OpenSingle => {
+                let writer = self.engine.open_single_writer(None).unwrap();
+                self.sessions.push(ModelSession {
+                    handle: writer.handle().clone(),
+                    writer: Some(writer),
+                    live: true,
+                    events: vec![],
+                    old_epochs: vec![],
+                    counter: 0,
+                });
+            }
+            Op::DropWriter(i) => {
+                if let Some(slot) = self.pick(*i) {
+                    self.sessions[slot].writer = None;
+                }
+            }
+            Op::Append {
+                session,
+                stream,
+                n,
+                two_threads: _,
+            } if self
+                .pick(*session)
+                .is_some_and(|slot| self.sessions[slot].writer.is_some()) =>
+            {
+                let slot = self.pick(*session).unwrap();
+                let s = &mut self.sessions[slot];
+                let w = s.writer.as_mut().unwrap();
+                if s.live && !s.handle.is_ended() {
+                    prop_assert_eq!(
+                        s.handle.append(*stream, b"stray"),
+                        Err(AppendError::SingleWriter)
+                    );
+                }
+                let epoch = s.handle.epoch();
+                let mut refused = false;
+                for _ in 0..*n {
+                    let k = s.counter;
+                    s.counter += 1;
+                    let p = format!("{slot}:{epoch}:{stream}:{k}").into_bytes();
+                    match w.append(*stream, &p) {
+                        Ok(id) => {
+                            prop_assert!(!refused, "an append after a refusal succeeded");
+                            self.origin.insert(p.clone(), (slot, epoch));
+                            s.events.push(ModelEvent {
+                                id,
+                                stream: *stream,
+                                payload: p,
+                            });
+                        }
+                        Err(e) => {
+                            prop_assert_eq!(e, AppendError::SessionEnded);
+                            prop_assert!(
+                                !s.live || s.handle.is_ended(),
+                                "refused on a live session"
+                            );
+                            refused = true;
+                        }
+                    }
+                }
+                for (i, e) in s.events.iter().enumerate() {
+                    prop_assert_eq!(e.id.seq, i as u64 + 1);
+                }
             }
             Op::Append {
                 session,
@@ -233,6 +314,11 @@ impl World {
                     prop_assert!(handle.epoch() > s.handle.epoch());
                     s.old_epochs.append(&mut s.events);
                     s.handle = handle;
+                    // The new incarnation is an ordinary session; the old
+                    // writer is refused from now on.
+                    if let Some(mut w) = s.writer.take() {
+                        prop_assert_eq!(w.append(0, b"old"), Err(AppendError::SessionEnded));
+                    }
                     s.live = true;
                 }
             }
@@ -243,7 +329,10 @@ impl World {
                     // The process died: its sessions are gone with it.
                     old.close(s.handle.id());
                     s.live = false;
+                    s.writer = None;
                 }
+                old.close_all();
+                prop_assert_eq!(old.metrics().bytes_held, 0, "a closed engine holds nothing");
             }
             Op::Resume { session, cursor } => self.resume(*session, cursor)?,
             Op::Flood(n) => {
@@ -263,6 +352,9 @@ impl World {
                 };
                 let s = &mut self.sessions[slot];
                 if !s.live || s.handle.is_ended() {
+                    return Ok(());
+                }
+                if s.writer.is_some() {
                     return Ok(());
                 }
                 let _call = s.handle.begin_call();
@@ -290,6 +382,20 @@ impl World {
                 s.live = false;
             }
         }
+        Ok(())
+    }
+
+    /// Ends every session, drops every writer: nothing may stay held.
+    fn finish(&mut self) -> Result<(), TestCaseError> {
+        self.engine.close_all();
+        prop_assert!(
+            self.sessions.iter().all(|s| s.handle.is_ended()),
+            "close_all left a session"
+        );
+        for s in &mut self.sessions {
+            s.writer = None;
+        }
+        prop_assert_eq!(self.engine.metrics().bytes_held, 0, "pool bytes leaked");
         Ok(())
     }
 
@@ -441,6 +547,7 @@ proptest! {
         for op in &ops {
             world.run(op)?;
         }
+        world.finish()?;
     }
 }
 
