@@ -471,139 +471,134 @@ impl Window {
         check: u32,
     ) -> Result<u64, AppendFailure> {
         let frame_bytes = frame_words(payload.len()) * WORD_BYTES;
-        if let Some(h) = w.head.as_mut() {
-            // Relaxed: only this writer moves the head, and a close that
-            // this load misses leaves the head segment to it (the frame
-            // below is then written into memory nobody else holds).
-            if self.head.load(Ordering::Relaxed) == h.seg.pack()
-                && fits(h.words as usize, h.count, h.used, frame_bytes)
-            {
-                let (count, used) = (h.count, h.used);
-                h.count += 1;
-                h.used += frame_bytes as u32;
-                // Relaxed, as the shared path's claim: the frame is
-                // published by its mark.
-                pool.state(h.seg.unit).store(
-                    State::Open {
-                        count: h.count,
-                        used: h.used,
-                    }
-                    .encode(h.seg.stamp),
-                    Ordering::Relaxed,
-                );
-                let offset = (HEADER_WORDS + used as usize / WORD_BYTES) as u32;
-                write_frame(
-                    pool.segment(h.seg.unit, h.class),
-                    h.seg.stamp,
-                    count,
-                    offset,
-                    stream,
-                    check,
-                    now_ms,
-                    payload,
-                );
-                return Ok(h.first_seq + u64::from(count));
+        loop {
+            if let Some(h) = w.head.as_mut() {
+                // Relaxed: only this writer moves the head, and a close that
+                // this load misses leaves the head segment to it (the frame
+                // below is then written into memory nobody else holds).
+                if self.head.load(Ordering::Relaxed) == h.seg.pack()
+                    && fits(h.words as usize, h.count, h.used, frame_bytes)
+                {
+                    let (count, used) = (h.count, h.used);
+                    h.count += 1;
+                    h.used += frame_bytes as u32;
+                    // Relaxed, as the shared path's claim: the frame is
+                    // published by its mark.
+                    pool.state(h.seg.unit).store(
+                        State::Open {
+                            count: h.count,
+                            used: h.used,
+                        }
+                        .encode(h.seg.stamp),
+                        Ordering::Relaxed,
+                    );
+                    let offset = (HEADER_WORDS + used as usize / WORD_BYTES) as u32;
+                    write_frame(
+                        pool.segment(h.seg.unit, h.class),
+                        h.seg.stamp,
+                        count,
+                        offset,
+                        stream,
+                        check,
+                        now_ms,
+                        payload,
+                    );
+                    return Ok(h.first_seq + u64::from(count));
+                }
             }
+            self.make_room_single(pool, owner, keep, w, frame_bytes, now_ms)?;
         }
-        self.append_single_slow(pool, owner, keep, w, stream, now_ms, payload, check)
     }
 
-    /// [`append_single`](Self::append_single) when the head segment has no
-    /// room, there is none yet, or the window was closed.
+    /// Gives the single writer a head segment with room for a frame of
+    /// `frame_bytes` (installs the first segment, or links the next one),
+    /// or says why it cannot: the window was closed, the frame is larger
+    /// than any segment, the pool is full.
     #[cold]
     #[inline(never)]
-    #[allow(
-        clippy::too_many_arguments,
-        reason = "append_single's arguments, passed on"
-    )]
-    fn append_single_slow(
+    fn make_room_single(
         &self,
         pool: &Pool,
         owner: Owner,
         keep: &Retention,
         w: &mut SingleWriter,
-        stream: u32,
+        frame_bytes: usize,
         now_ms: u64,
-        payload: &[u8],
-        check: u32,
-    ) -> Result<u64, AppendFailure> {
+    ) -> Result<(), AppendFailure> {
         debug_assert!(self.single.load(Ordering::Relaxed) & SINGLE != 0);
         if w.done {
             return Err(AppendFailure::Ended);
         }
-        let frame_bytes = frame_words(payload.len()) * WORD_BYTES;
         let Some(need_class) = fit_class(pool, frame_bytes) else {
             return Err(AppendFailure::TooLarge {
                 max: max_payload(pool),
             });
         };
-        loop {
-            let Some(h) = w.head.as_mut() else {
-                let class = need_class.max(keep.first_class);
-                let mut spare = None;
-                let installed =
-                    self.install_first(pool, owner, class, need_class, 1, now_ms, &mut spare);
-                // Prepared for a window that was closed first.
-                if let Some((seg, class)) = spare {
-                    pool.free(seg, class);
-                }
-                match installed {
-                    // Only this writer installs: the head is its segment
-                    // (or a close has taken the head since and left it
-                    // the segment, which the next round finds).
-                    Ok(Some((seg, class))) => {
-                        w.head = Some(WriterHead::new(pool, seg, class, 1));
-                        continue;
-                    }
-                    Ok(None) => unreachable!("a single-writer window has one installer"),
-                    // Closed first; the closer freed what was installed.
-                    Err(AppendFailure::Ended) => {
-                        self.writer_done(pool, w);
-                        return Err(AppendFailure::Ended);
-                    }
-                    Err(e) => return Err(e),
-                }
-            };
-            if self.head.load(Ordering::Relaxed) != h.seg.pack() {
-                self.writer_done(pool, w);
-                return Err(AppendFailure::Ended);
+        let Some(h) = w.head.as_mut() else {
+            let class = need_class.max(keep.first_class);
+            let mut spare = None;
+            let installed =
+                self.install_first(pool, owner, class, need_class, 1, now_ms, &mut spare);
+            // Prepared for a window that was closed first.
+            if let Some((seg, class)) = spare {
+                pool.free(seg, class);
             }
-            if fits(h.words as usize, h.count, h.used, frame_bytes) {
-                return self.append_single(pool, owner, keep, w, stream, now_ms, payload, check);
-            }
-            let wanted = need_class.max(keep.grow_class.min(h.class + 1));
-            let first_seq = h.first_seq + u64::from(h.count);
-            let Some((seg, class)) = take_spare(pool, &mut None, wanted, need_class) else {
-                if self.release_oldest(pool, keep, false, true) > 0 {
-                    continue;
+            return match installed {
+                // Only this writer installs: the head is its segment (or a
+                // close has taken the head since and left it the segment,
+                // which the next append finds).
+                Ok(Some((seg, class))) => {
+                    w.head = Some(WriterHead::new(pool, seg, class, 1));
+                    Ok(())
                 }
-                return Err(AppendFailure::PoolFull { class: need_class });
-            };
-            init_segment(pool, seg, class, owner, first_seq, h.seg, now_ms);
-            // A store, not a CAS: nobody else writes the head's state.
-            // Release: whoever follows `next` sees the successor's header.
-            pool.state(h.seg.unit).store(
-                State::Next { next: seg.unit }.encode(h.seg.stamp),
-                Ordering::Release,
-            );
-            self.held_units.fetch_add(1 << class, Ordering::Relaxed);
-            // Release publishes the successor to appenders-to-be and
-            // readers; the CAS fails only on a close, which left the old
-            // head to this writer — and with it the successor just linked.
-            match self.head.compare_exchange(
-                h.seg.pack(),
-                seg.pack(),
-                Ordering::AcqRel,
-                Ordering::Relaxed,
-            ) {
-                Ok(_) => {
-                    *h = WriterHead::new(pool, seg, class, first_seq);
-                    self.release_oldest(pool, keep, false, true);
-                }
-                Err(_) => {
+                Ok(None) => unreachable!("a single-writer window has one installer"),
+                // Closed first; the closer freed what was installed.
+                Err(AppendFailure::Ended) => {
                     self.writer_done(pool, w);
-                    return Err(AppendFailure::Ended);
+                    Err(AppendFailure::Ended)
                 }
+                Err(e) => Err(e),
+            };
+        };
+        if self.head.load(Ordering::Relaxed) != h.seg.pack() {
+            self.writer_done(pool, w);
+            return Err(AppendFailure::Ended);
+        }
+        let wanted = need_class.max(keep.grow_class.min(h.class + 1));
+        let first_seq = h.first_seq + u64::from(h.count);
+        let (seg, class) = loop {
+            if let Some(got) = take_spare(pool, &mut None, wanted, need_class) {
+                break got;
+            }
+            if self.release_oldest(pool, keep, false, true) == 0 {
+                return Err(AppendFailure::PoolFull { class: need_class });
+            }
+        };
+        init_segment(pool, seg, class, owner, first_seq, h.seg, now_ms);
+        // A store, not a CAS: nobody else writes the head's state.
+        // Release: whoever follows `next` sees the successor's header.
+        pool.state(h.seg.unit).store(
+            State::Next { next: seg.unit }.encode(h.seg.stamp),
+            Ordering::Release,
+        );
+        self.held_units.fetch_add(1 << class, Ordering::Relaxed);
+        // Release publishes the successor to readers; the CAS fails only
+        // on a close, which left the old head to this writer — and with it
+        // the successor just linked.
+        match self.head.compare_exchange(
+            h.seg.pack(),
+            seg.pack(),
+            Ordering::AcqRel,
+            Ordering::Relaxed,
+        ) {
+            Ok(_) => {
+                *h = WriterHead::new(pool, seg, class, first_seq);
+                self.release_oldest(pool, keep, false, true);
+                Ok(())
+            }
+            Err(_) => {
+                self.writer_done(pool, w);
+                Err(AppendFailure::Ended)
             }
         }
     }
