@@ -79,7 +79,7 @@ pub(crate) struct Placement {
     pub(crate) cursor: Cursor,
 }
 
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) struct Pos {
     seg: SegRef,
     class: u8,
@@ -1057,6 +1057,20 @@ impl Window {
             if run_placed(pool, cursor, stream, buf, events, max_events, max_bytes) {
                 continue;
             }
+            // The run stopped at the claims the reader had seen or at the
+            // end of a sealed segment: learn more claims, or move on to the
+            // successor, and run again without the single-frame path.
+            match self.claimed(pool, owner, cursor) {
+                Claimed::Not(read) => return Some(read),
+                Claimed::At(pos) => {
+                    let moved = cursor.at != Some(pos);
+                    cursor.at = Some(pos);
+                    if moved && run_placed(pool, cursor, stream, buf, events, max_events, max_bytes)
+                    {
+                        continue;
+                    }
+                }
+            }
             let start = buf.len() as u32;
             match self.read_slow(pool, owner, cursor, Some(stream), buf) {
                 Read::Event(event) => events.push((event.seq, start, buf.len() as u32)),
@@ -1078,70 +1092,11 @@ impl Window {
     ) -> Read {
         let base = buf.len();
         loop {
-            let mut pos = match cursor.at {
-                Some(pos) => pos,
-                None => match self.locate(pool, owner, cursor.seq) {
-                    Locate::At(pos) => pos,
-                    Locate::NotYet => return Read::Pending,
-                    Locate::Gone => {
-                        return Read::Lagged {
-                            missing: cursor.seq,
-                        }
-                    }
-                    Locate::Ended => return Read::Ended,
-                },
+            let mut pos = match self.claimed(pool, owner, cursor) {
+                Claimed::At(pos) => pos,
+                Claimed::Not(read) => return read,
             };
             let index = (cursor.seq - pos.first_seq) as u32;
-            if index >= pos.known {
-                let state = State::decode(
-                    pool.state(pos.seg.unit).load(Ordering::Acquire),
-                    pos.seg.stamp,
-                );
-                let count = match state {
-                    None => return self.lost(cursor),
-                    Some(State::Open { count, .. } | State::Last { count, .. }) => count,
-                    Some(State::Next { next }) => {
-                        if pos.sealed_count == UNKNOWN {
-                            let n = SegRef {
-                                unit: next,
-                                stamp: pool.stamp_now(next, Ordering::Acquire),
-                            };
-                            match read_header(pool, n) {
-                                Some(h)
-                                    if h.owner_epoch == owner.epoch && h.prev == pos.seg.pack() =>
-                                {
-                                    pos.sealed_count = (h.first_seq - pos.first_seq) as u32;
-                                }
-                                _ => return self.lost(cursor),
-                            }
-                        }
-                        pos.sealed_count
-                    }
-                };
-                if index >= count {
-                    match state {
-                        Some(State::Next { next }) if index == count => {
-                            let n = SegRef {
-                                unit: next,
-                                stamp: pool.stamp_now(next, Ordering::Acquire),
-                            };
-                            match read_header(pool, n) {
-                                Some(h) if is_owner(&h, owner) && h.prev == pos.seg.pack() => {
-                                    cursor.at = Some(Pos::start(n, &h));
-                                    continue;
-                                }
-                                _ => return self.lost(cursor),
-                            }
-                        }
-                        Some(State::Last { .. }) => return Read::Ended,
-                        _ => {
-                            cursor.at = Some(pos);
-                            return Read::Pending;
-                        }
-                    }
-                }
-                pos.known = count;
-            }
             let segment = pool.segment(pos.seg.unit, pos.class);
             let Some(offset) = frame_offset(segment, pos.seg.stamp, index, pos.offset) else {
                 return self.pending_or_lost(pool, cursor, pos);
@@ -1202,6 +1157,81 @@ impl Window {
                     appended_ms,
                     len,
                 });
+            }
+        }
+    }
+
+    /// Where frame `cursor.seq` is, once it is known to be claimed: the
+    /// cursor's position (located first if it has none), with the
+    /// segment's claims loaded again when the reader has passed those it
+    /// saw, and a sealed segment left for its successor once the reader has
+    /// passed its last frame. `Not` is why there is no such frame to read
+    /// yet: pending, ended, or lost under the reader.
+    #[inline]
+    fn claimed(&self, pool: &Pool, owner: Owner, cursor: &mut Cursor) -> Claimed {
+        loop {
+            let mut pos = match cursor.at {
+                Some(pos) => pos,
+                None => match self.locate(pool, owner, cursor.seq) {
+                    Locate::At(pos) => pos,
+                    Locate::NotYet => return Claimed::Not(Read::Pending),
+                    Locate::Gone => {
+                        return Claimed::Not(Read::Lagged {
+                            missing: cursor.seq,
+                        })
+                    }
+                    Locate::Ended => return Claimed::Not(Read::Ended),
+                },
+            };
+            let index = (cursor.seq - pos.first_seq) as u32;
+            if index < pos.known {
+                return Claimed::At(pos);
+            }
+            let state = State::decode(
+                pool.state(pos.seg.unit).load(Ordering::Acquire),
+                pos.seg.stamp,
+            );
+            let count = match state {
+                None => return Claimed::Not(self.lost(cursor)),
+                Some(State::Open { count, .. } | State::Last { count, .. }) => count,
+                Some(State::Next { next }) => {
+                    if pos.sealed_count == UNKNOWN {
+                        let n = SegRef {
+                            unit: next,
+                            stamp: pool.stamp_now(next, Ordering::Acquire),
+                        };
+                        match read_header(pool, n) {
+                            Some(h) if h.owner_epoch == owner.epoch && h.prev == pos.seg.pack() => {
+                                pos.sealed_count = (h.first_seq - pos.first_seq) as u32;
+                            }
+                            _ => return Claimed::Not(self.lost(cursor)),
+                        }
+                    }
+                    pos.sealed_count
+                }
+            };
+            if index < count {
+                pos.known = count;
+                return Claimed::At(pos);
+            }
+            match state {
+                Some(State::Next { next }) if index == count => {
+                    let n = SegRef {
+                        unit: next,
+                        stamp: pool.stamp_now(next, Ordering::Acquire),
+                    };
+                    match read_header(pool, n) {
+                        Some(h) if is_owner(&h, owner) && h.prev == pos.seg.pack() => {
+                            cursor.at = Some(Pos::start(n, &h));
+                        }
+                        _ => return Claimed::Not(self.lost(cursor)),
+                    }
+                }
+                Some(State::Last { .. }) => return Claimed::Not(Read::Ended),
+                _ => {
+                    cursor.at = Some(pos);
+                    return Claimed::Not(Read::Pending);
+                }
             }
         }
     }
@@ -1351,6 +1381,14 @@ pub(super) fn walk_forward(
         (seg, h) = (n, nh);
     }
     None
+}
+
+/// What [`Window::claimed`] found.
+enum Claimed {
+    /// The frame is claimed; the reader's position, claims up to date.
+    At(Pos),
+    /// No frame to read: this is the answer.
+    Not(Read),
 }
 
 pub(super) enum Locate {
