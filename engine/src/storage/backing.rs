@@ -1,9 +1,18 @@
-//! The memory a pool lives in: zeroed heap memory, or the same words in a
-//! memory-mapped file for durable pools.
+//! The memory a pool lives in: an anonymous mapping of zero pages, or the
+//! same words in a memory-mapped file for durable pools.
 //!
 //! Either way the pool sees one `&[AtomicU64]`; a backing only owns the
 //! memory and, for a file, knows how to write its dirty pages back
 //! ([`Backing::sync`]).
+//!
+//! The in-memory pool is mapped from the operating system directly, not
+//! taken from the global allocator: a 1 GiB pool must cost what its
+//! sessions hold, and only the kernel's zero pages promise that. (An
+//! allocator is free to commit, zero or pre-fault a large zeroed
+//! allocation; under mimalloc, a `calloc`-style 1 GiB pool made 68 MiB
+//! resident before the first session — `benches/tests/pool_commit.rs`.)
+//! On Linux the mapping also opts out of transparent huge pages, so a host
+//! set to `always` does not commit 2 MiB around every segment in use.
 
 use std::ptr::NonNull;
 
@@ -20,8 +29,15 @@ pub(crate) struct Backing {
 
 enum Owner {
     /// `ptr`/`len` came from `Box::into_raw` of a `Box<[AtomicU64]>`;
-    /// [`Drop`] gives it back.
+    /// [`Drop`] gives it back. Loom's atomics are not plain words, and
+    /// Miri runs without `mmap`: both get the pool on the heap.
+    #[cfg(any(loom, miri))]
     Heap,
+    /// An anonymous mapping: the in-memory pool (owned only, to be unmapped
+    /// on drop).
+    #[cfg(not(any(loom, miri)))]
+    Anon { _map: memmap2::MmapMut },
+    /// A shared mapping of the pool file (durable).
     #[cfg(not(loom))]
     Mapped(memmap2::MmapMut),
 }
@@ -36,7 +52,10 @@ unsafe impl Sync for Backing {}
 impl std::fmt::Debug for Backing {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let kind = match self.owner {
+            #[cfg(any(loom, miri))]
             Owner::Heap => "heap",
+            #[cfg(not(any(loom, miri)))]
+            Owner::Anon { .. } => "anonymous",
             #[cfg(not(loom))]
             Owner::Mapped(_) => "mapped",
         };
@@ -48,9 +67,41 @@ impl std::fmt::Debug for Backing {
 }
 
 impl Backing {
-    /// `n` zeroed words on the heap. The allocation is zeroed by the
-    /// allocator (`calloc`), so pages the pool never touches are never
-    /// committed: a 1 GiB pool costs what its sessions hold, not 1 GiB.
+    /// `n` zeroed words in memory: an anonymous private mapping, so pages
+    /// the pool never touches are never committed.
+    ///
+    /// # Panics
+    ///
+    /// If the operating system refuses the mapping (address space
+    /// exhausted): the engine cannot run without its pool.
+    #[cfg(not(any(loom, miri)))]
+    pub(crate) fn heap(n: usize) -> Backing {
+        let bytes = n.checked_mul(8).expect("pool size overflows usize");
+        // A zero-length mapping is an error; an empty pool still gets a
+        // page (it is never touched).
+        let mut map = memmap2::MmapOptions::new()
+            .len(bytes.max(1))
+            .map_anon()
+            .unwrap_or_else(|e| panic!("cannot map {bytes} bytes for the segment pool: {e}"));
+        #[cfg(target_os = "linux")]
+        {
+            // Advice only: a kernel without transparent huge pages refuses
+            // it, and the pool is correct either way.
+            let _ = map.advise(memmap2::Advice::NoHugePage);
+        }
+        // A mapping starts on a page boundary: 8-aligned, never null.
+        let ptr = NonNull::new(map.as_mut_ptr().cast::<AtomicU64>())
+            .expect("a mapping is never at address 0");
+        assert!(ptr.is_aligned());
+        Backing {
+            ptr,
+            len: n,
+            owner: Owner::Anon { _map: map },
+        }
+    }
+
+    /// `n` zeroed words on the heap (loom and Miri).
+    #[cfg(any(loom, miri))]
     pub(crate) fn heap(n: usize) -> Backing {
         #[cfg(not(loom))]
         let words = bytemuck::zeroed_slice_box::<AtomicU64>(n);
@@ -97,23 +148,27 @@ impl Backing {
     #[inline]
     pub(crate) fn words(&self) -> &[AtomicU64] {
         // SAFETY: `ptr` is non-null, 8-aligned (the heap box is a slice of
-        // `AtomicU64`; a mapping's words were checked in `mapped`) and valid
-        // for `len` words, which `owner` keeps allocated (or mapped) for as
-        // long as `self` lives; neither moves its memory when moved. Every
-        // bit pattern is a valid `AtomicU64`, and all access goes through
-        // atomics, so concurrent use from threads is sound. For a mapping,
-        // the only other writer could be another process with the same file
-        // mapped: the data directory's lock excludes it (and the file is
-        // mapped once per open directory), so the memory behaves like
-        // process-private memory shared with the page cache.
+        // `AtomicU64`; a mapping's first word was checked in `heap` or
+        // `mapped`) and valid for `len` words, which `owner` keeps allocated
+        // (or mapped) for as long as `self` lives; none of them moves its
+        // memory when moved. Every bit pattern is a valid `AtomicU64`, and
+        // all access goes through atomics, so concurrent use from threads is
+        // sound. An anonymous private mapping is this process's alone. For
+        // a file mapping, the only other writer could be another process
+        // with the same file mapped: the data directory's lock excludes it
+        // (and the file is mapped once per open directory), so the memory
+        // behaves like process-private memory shared with the page cache.
         unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
     }
 
     /// Writes the dirty pages of a mapped backing back to its file and waits
-    /// for the device (`msync(MS_SYNC)`). A no-op on the heap.
+    /// for the device (`msync(MS_SYNC)`). A no-op for an in-memory pool.
     pub(crate) fn sync(&self) -> std::io::Result<()> {
         match &self.owner {
+            #[cfg(any(loom, miri))]
             Owner::Heap => Ok(()),
+            #[cfg(not(any(loom, miri)))]
+            Owner::Anon { .. } => Ok(()),
             #[cfg(not(loom))]
             Owner::Mapped(map) => map.flush(),
         }
@@ -122,6 +177,7 @@ impl Backing {
 
 impl Drop for Backing {
     fn drop(&mut self) {
+        #[cfg(any(loom, miri))]
         if let Owner::Heap = self.owner {
             let raw = std::ptr::slice_from_raw_parts_mut(self.ptr.as_ptr(), self.len);
             // SAFETY: for `Owner::Heap`, `ptr` and `len` are exactly what
