@@ -720,3 +720,73 @@ fn a_single_writer_refuses_what_the_shared_path_refuses() {
     assert_eq!(w.high_water(&p), seq, "nothing half-stored");
     assert_eq!(read_all(&w, &p, A, 0, None).len() as u64, seq);
 }
+
+/// Everything `read_many` delivers from `after` on, in calls of at most
+/// `max_events` events and `max_bytes` bytes, and what ended the last call.
+fn read_all_batched(
+    w: &Window,
+    p: &Pool,
+    after: u64,
+    stream: u32,
+    max_events: usize,
+    max_bytes: usize,
+) -> (Vec<(u64, Vec<u8>)>, Read) {
+    let mut c = w.cursor_after(after);
+    let mut out = Vec::new();
+    let (mut buf, mut events) = (Vec::new(), Vec::new());
+    loop {
+        buf.clear();
+        events.clear();
+        let stopped = w.read_many(
+            p,
+            A,
+            &mut c,
+            stream,
+            &mut buf,
+            &mut events,
+            max_events,
+            max_bytes,
+        );
+        assert!(events.len() <= max_events);
+        for &(seq, start, end) in &events {
+            out.push((seq, buf[start as usize..end as usize].to_vec()));
+        }
+        match stopped {
+            None => assert!(
+                !events.is_empty(),
+                "a call that stops at a limit took something"
+            ),
+            Some(Read::Event(_)) => unreachable!("read_many reports events in `events`"),
+            Some(other) => return (out, other),
+        }
+    }
+}
+
+#[test]
+fn batched_reads_cross_seals_and_skip_other_streams_as_single_reads_do() {
+    let p = pool(64, 4);
+    let w = Window::new();
+    let k = keep(1 << 20, 1 << 20);
+    for seq in 1..=80u64 {
+        let len = (seq as usize * 13) % 70;
+        let stream = if seq % 3 == 0 { 9 } else { 4 };
+        assert_eq!(
+            w.append(&p, A, &k, stream, seq, &payload(seq, len), 0),
+            Ok(seq)
+        );
+    }
+    assert!(w.held_units() > 4, "the chain crosses several seals");
+    for after in [0, 1, 17, 79, 80] {
+        let want = read_all(&w, &p, A, after, Some(4));
+        for (max_events, max_bytes) in [(usize::MAX, usize::MAX), (1, usize::MAX), (7, 100)] {
+            let (got, end) = read_all_batched(&w, &p, after, 4, max_events, max_bytes);
+            assert_eq!(got, want, "after {after}, limits {max_events}/{max_bytes}");
+            assert!(matches!(end, Read::Pending), "after {after}: {end:?}");
+        }
+    }
+    // Closed: a batch reports the end, as a single read does.
+    w.close(&p);
+    let (got, end) = read_all_batched(&w, &p, 0, 9, usize::MAX, usize::MAX);
+    assert!(got.is_empty(), "{got:?}");
+    assert!(matches!(end, Read::Ended), "{end:?}");
+}
