@@ -158,6 +158,9 @@ fn batches_racing_appends_and_segment_reuse_get_whole_events_or_a_gap() {
     let s = h.new_stream().unwrap();
     const EVENTS: usize = 20_000;
     let written = std::sync::atomic::AtomicUsize::new(0);
+    // Subscribed before the writer starts: a reader that subscribes live
+    // after the writer has finished has nothing to wait for.
+    let mut r = h.subscribe(s);
     std::thread::scope(|scope| {
         let writer = h.clone();
         let written = &written;
@@ -179,7 +182,6 @@ fn batches_racing_appends_and_segment_reuse_get_whole_events_or_a_gap() {
                 o.close();
             }
         });
-        let mut r = h.subscribe(s);
         let mut batch = Batch::new();
         let (mut last, mut gaps) = (0u64, 0);
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
