@@ -75,7 +75,7 @@ impl Backing {
     /// If the operating system refuses the mapping (address space
     /// exhausted): the engine cannot run without its pool.
     #[cfg(not(any(loom, miri)))]
-    pub(crate) fn heap(n: usize) -> Backing {
+    pub(crate) fn in_memory(n: usize) -> Backing {
         let bytes = n.checked_mul(8).expect("pool size overflows usize");
         // A zero-length mapping is an error; an empty pool still gets a
         // page (it is never touched).
@@ -102,7 +102,7 @@ impl Backing {
 
     /// `n` zeroed words on the heap (loom and Miri).
     #[cfg(any(loom, miri))]
-    pub(crate) fn heap(n: usize) -> Backing {
+    pub(crate) fn in_memory(n: usize) -> Backing {
         #[cfg(not(loom))]
         let words = bytemuck::zeroed_slice_box::<AtomicU64>(n);
         #[cfg(loom)]
@@ -148,7 +148,7 @@ impl Backing {
     #[inline]
     pub(crate) fn words(&self) -> &[AtomicU64] {
         // SAFETY: `ptr` is non-null, 8-aligned (the heap box is a slice of
-        // `AtomicU64`; a mapping's first word was checked in `heap` or
+        // `AtomicU64`; a mapping's first word was checked in `in_memory` or
         // `mapped`) and valid for `len` words, which `owner` keeps allocated
         // (or mapped) for as long as `self` lives; none of them moves its
         // memory when moved. Every bit pattern is a valid `AtomicU64`, and
@@ -181,7 +181,7 @@ impl Drop for Backing {
         if let Owner::Heap = self.owner {
             let raw = std::ptr::slice_from_raw_parts_mut(self.ptr.as_ptr(), self.len);
             // SAFETY: for `Owner::Heap`, `ptr` and `len` are exactly what
-            // `Box::into_raw` returned in `heap`, and nothing else frees it.
+            // `Box::into_raw` returned in `in_memory`, and nothing else frees it.
             drop(unsafe { Box::from_raw(raw) });
         }
         // A mapping unmaps itself when `owner` drops.

@@ -1,9 +1,11 @@
 //! Storage: one pool of segments per engine; each session's retained events
 //! are a short chain of segments in it.
 //!
-//! Memory follows data. The pool is one allocation whose size is the
-//! engine's global byte budget, cut into buddy-aligned segments of a few
-//! size classes ([`pool`]). A session holds nothing until its first append;
+//! Memory follows data. The pool is one mapping of zero pages (anonymous,
+//! from the OS rather than the allocator, so only touched pages are
+//! committed; [`backing`]) whose size is the engine's global byte budget,
+//! cut into buddy-aligned segments of a few size classes ([`pool`]). A
+//! session holds nothing until its first append;
 //! then its *window* ([`window`]) is a chain of segments, the newest (the
 //! *head*) taking appends, the oldest released once the newer ones hold the
 //! session's retention. Events are written back to back into the head

@@ -107,7 +107,7 @@ impl std::fmt::Debug for Pool {
 impl Pool {
     /// A pool over fresh zeroed memory, every unit free.
     pub(crate) fn new(shape: PoolShape) -> Pool {
-        let pool = Pool::over(Backing::heap(shape.total_words()), shape);
+        let pool = Pool::over(Backing::in_memory(shape.total_words()), shape);
         pool.free_everything();
         pool
     }

@@ -28,7 +28,7 @@ fn keep() -> Retention {
 
 /// The words of `p` in a fresh pool with empty free lists.
 fn restart(p: &Pool) -> Pool {
-    let backing = Backing::heap(shape().total_words());
+    let backing = Backing::in_memory(shape().total_words());
     for (to, from) in backing.words().iter().zip(p_words(p)) {
         to.store(from, Ordering::Relaxed);
     }

@@ -559,7 +559,7 @@ fn a_recovered_pool_hands_out_its_untouched_part_after_its_lists_and_never_twice
         unit_words: 16,
         top_class: 2,
     };
-    let p = Pool::over(backing::Backing::heap(shape.total_words()), shape);
+    let p = Pool::over(backing::Backing::in_memory(shape.total_words()), shape);
     let mut used = vec![false; 64];
     used[50] = true;
     used[51] = true;
