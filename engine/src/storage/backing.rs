@@ -178,6 +178,10 @@ impl Backing {
 impl Drop for Backing {
     fn drop(&mut self) {
         #[cfg(any(loom, miri))]
+        #[allow(
+            irrefutable_let_patterns,
+            reason = "under loom the heap is the only backing"
+        )]
         if let Owner::Heap = self.owner {
             let raw = std::ptr::slice_from_raw_parts_mut(self.ptr.as_ptr(), self.len);
             // SAFETY: for `Owner::Heap`, `ptr` and `len` are exactly what

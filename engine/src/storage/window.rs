@@ -1436,7 +1436,6 @@ fn read_header(pool: &Pool, seg: SegRef) -> Option<SegmentHeader> {
     .then_some(header)
 }
 
-/// Writes the header and an empty open state into a fresh allocation.
 #[cfg(loom)]
 loom::thread_local! {
     /// Under loom only: the owner and first sequence number of every
@@ -1446,6 +1445,7 @@ loom::thread_local! {
         std::cell::RefCell::new(Vec::new());
 }
 
+/// Writes the header and an empty open state into a fresh allocation.
 pub(super) fn init_segment(
     pool: &Pool,
     seg: SegRef,
