@@ -359,6 +359,71 @@ impl EventId {
     }
 }
 
+/// The fixed beginning of every event id one session incarnation mints:
+/// its owner tag, node (format 2) and epoch, each with the separator after
+/// it, exactly as [`EventId`]'s `Display` writes them.
+///
+/// A cursor presented to that session and beginning with these bytes is
+/// one of its own ids, so only the stream and sequence after them need
+/// parsing (the two short fields; the tag and epoch are two thirds of the
+/// digits). Any other input goes through [`EventId::parse`], whose answer
+/// [`IdPrefix::parse`] never contradicts: it accepts an input iff
+/// `EventId::parse` accepts it with this tag, node and epoch.
+#[derive(Clone, Copy)]
+pub(crate) struct IdPrefix {
+    bytes: [u8; ID_PREFIX_MAX_LEN],
+    len: u8,
+}
+
+/// Longest [`IdPrefix`]: a 16-digit tag, a 4-digit node, a 16-digit epoch
+/// and their three separators.
+const ID_PREFIX_MAX_LEN: usize = 16 + 1 + 4 + 1 + 16 + 1;
+
+impl IdPrefix {
+    /// The prefix of ids with this tag, node and epoch.
+    pub(crate) fn new(tag: u64, node: u16, epoch: u64) -> IdPrefix {
+        let mut buf = IdBuf::new();
+        buf.push_hex_fixed(u128::from(tag), 16);
+        buf.push_byte(b'-');
+        if node != 0 {
+            buf.push_hex(u64::from(node));
+            buf.push_byte(b'-');
+        }
+        buf.push_hex(epoch);
+        buf.push_byte(b'-');
+        let len = usize::from(buf.len);
+        let mut bytes = [0; ID_PREFIX_MAX_LEN];
+        bytes[..len].copy_from_slice(&buf.bytes[..len]);
+        IdPrefix {
+            bytes,
+            len: buf.len,
+        }
+    }
+
+    /// The stream and sequence of `s` if `s` is an id with this prefix;
+    /// `None` for anything else (which may still be a valid id of another
+    /// incarnation, session or node: ask [`EventId::parse`]).
+    #[inline]
+    pub(crate) fn parse(&self, s: &str) -> Option<(u32, u64)> {
+        let b = s.as_bytes();
+        let len = usize::from(self.len);
+        if b.get(..len)? != &self.bytes[..len] {
+            return None;
+        }
+        // The stream is 1 to 8 digits, then a separator.
+        let stream_to = len
+            + b.get(len..(len + 9).min(b.len()))?
+                .iter()
+                .position(|&c| c == b'-')?;
+        // `field` validates every byte of both fields as a hex digit (so
+        // no further separator), their lengths and canonical spelling; both
+        // end past the 16-digit tag, as it requires.
+        let stream = field(b, len, stream_to, 8)?;
+        let seq = field(b, stream_to + 1, b.len(), 16)?;
+        Some((stream as u32, seq))
+    }
+}
+
 /// The fast path: finds the separators, converts each field with SWAR.
 /// `None` for anything it does not accept (then [`parse_exact`] says why).
 ///
@@ -873,6 +938,46 @@ mod tests {
             // The fast path accepts exactly what the reference accepts.
             let fast = parse_fast(input.as_bytes());
             prop_assert_eq!(fast, parse_exact(input.as_bytes()).ok());
+        }
+
+        #[test]
+        fn a_prefix_parses_exactly_its_own_ids_as_the_full_parser_does(
+            tag: u64,
+            node in prop_oneof![Just(0u16), any::<u16>()],
+            epoch in prop_oneof![0u64..20, any::<u64>()],
+            stream in prop_oneof![0u32..20, any::<u32>()],
+            seq in prop_oneof![0u64..20, any::<u64>()],
+            other_epoch in prop_oneof![0u64..20, any::<u64>()],
+            cut: usize,
+            at: usize,
+            byte: u8,
+            tail in "[0-9a-f-]{0,20}",
+        ) {
+            let prefix = IdPrefix::new(tag, node, epoch);
+            let own = EventId { tag, node, epoch, stream, seq };
+            let text = own.to_string();
+            prop_assert_eq!(prefix.parse(&text), Some((stream, seq)));
+            // Every other input: the prefix accepts it only if the full
+            // parser reads it as an id with this tag, node and epoch, and
+            // then with the same stream and sequence.
+            let mut near = text.clone().into_bytes();
+            let at = at % near.len();
+            near[at] = byte;
+            let cut = cut % (text.len() + 1);
+            let other = EventId { epoch: other_epoch, ..own }.to_string();
+            for input in [
+                String::from_utf8_lossy(&near).into_owned(),
+                text[..cut].to_string(),
+                format!("{text}{tail}"),
+                format!("{}{tail}", &text[..cut]),
+                other,
+            ] {
+                let full = EventId::parse(&input)
+                    .ok()
+                    .filter(|e| (e.tag, e.node, e.epoch) == (tag, node, epoch))
+                    .map(|e| (e.stream, e.seq));
+                prop_assert_eq!(prefix.parse(&input), full, "input {:?}", input);
+            }
         }
 
         #[test]

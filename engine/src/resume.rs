@@ -189,9 +189,8 @@ impl fmt::Display for Signal {
     }
 }
 
-/// The facts of one request, with what was looked up to find them.
-struct Classified {
-    facts: ResumeFacts,
+/// What classifying a request looked up, beside the facts it filled in.
+struct Found {
     session: Option<Arc<Session>>,
     cursor: Option<EventId>,
     /// Where the window holds the cursor's event, found while classifying,
@@ -203,17 +202,18 @@ impl Engine {
     /// Decides a reconnect and returns what to send. Never panics on any
     /// input; never returns a reader of a session other than the presented
     /// one.
+    #[inline]
     pub fn resume(&self, req: ResumeRequest<'_>) -> ResumeDecision {
-        let c = self.shared.classify(req);
-        // The facts stay where `classify` put them until the answer is
-        // built: the policy and the clamp read them in place.
-        let (verdict, generation, fault) = self.shared.verdict_on(&c.facts);
+        let mut facts = ResumeFacts::new(SessionFact::Absent, CursorFact::Absent);
+        let found = self.shared.classify(req, &mut facts);
+        let (verdict, generation, fault) = self.shared.verdict_on(&facts);
+        let action = self.shared.act(found, &facts, verdict);
         ResumeDecision {
-            facts: c.facts,
+            facts,
             verdict,
             generation,
             fault,
-            action: self.shared.act(c, verdict),
+            action,
         }
     }
 
@@ -236,7 +236,9 @@ impl Engine {
     /// The facts the engine would hand the policy for `req`, without
     /// deciding. For tests, tooling and policy authors.
     pub fn facts(&self, req: ResumeRequest<'_>) -> ResumeFacts {
-        self.shared.classify(req).facts
+        let mut facts = ResumeFacts::new(SessionFact::Absent, CursorFact::Absent);
+        self.shared.classify(req, &mut facts);
+        facts
     }
 }
 
@@ -273,59 +275,66 @@ impl Shared {
         })
     }
 
+    /// Fills `facts` for `req` (safe set included) and returns what was
+    /// looked up on the way.
     #[inline(always)]
-    fn classify(&self, req: ResumeRequest<'_>) -> Classified {
-        let cursor = req.last_event_id.map(EventId::parse);
-        let parsed = cursor.and_then(Result::ok);
+    fn classify(&self, req: ResumeRequest<'_>, facts: &mut ResumeFacts) -> Found {
         let now = self.now_ms();
+        let id = req.session_id.map(SessionId::parse);
+        let found = match id {
+            Some(Ok(id)) => self.live(id, now),
+            _ => None,
+        };
+        // A live session recognises its own cursors by their first bytes;
+        // anything else is parsed in full.
+        let cursor = req.last_event_id.map(|raw| match &found {
+            Some(s) => s.parse_cursor(raw),
+            None => EventId::parse(raw),
+        });
+        let parsed = cursor.and_then(Result::ok);
         let mut session = None;
-        let session_fact = match req.session_id.map(SessionId::parse) {
-            None => SessionFact::Absent,
-            Some(Err(_)) => SessionFact::Malformed,
-            Some(Ok(id)) => match self.live(id, now) {
-                Some(s) if s.principal_matches(req.principal) => {
-                    let fact = if s.restored.is_some() {
-                        SessionFact::Restored
-                    } else {
-                        SessionFact::Live
-                    };
-                    session = Some(s);
-                    fact
-                }
-                Some(_) => SessionFact::WrongPrincipal,
-                None if parsed.is_some_and(|c| c.epoch < self.boot_epoch) => {
-                    SessionFact::PreviousBoot
-                }
-                None => SessionFact::Unknown,
-            },
+        let session_fact = match (id, found) {
+            (None, _) => SessionFact::Absent,
+            (Some(Err(_)), _) => SessionFact::Malformed,
+            (Some(Ok(_)), Some(s)) if s.principal_matches(req.principal) => {
+                let fact = if s.restored.is_some() {
+                    SessionFact::Restored
+                } else {
+                    SessionFact::Live
+                };
+                session = Some(s);
+                fact
+            }
+            (Some(Ok(_)), Some(_)) => SessionFact::WrongPrincipal,
+            (Some(Ok(_)), None) if parsed.is_some_and(|c| c.epoch < self.boot_epoch) => {
+                SessionFact::PreviousBoot
+            }
+            (Some(Ok(_)), None) => SessionFact::Unknown,
         };
-        // Built where it is returned and filled in place: a 72-byte
-        // struct written field by field and then moved is read back with
-        // wider loads that stall on store forwarding.
-        let mut c = Classified {
-            facts: ResumeFacts::new(session_fact, CursorFact::Absent),
-            session,
-            cursor: parsed,
-            placed: None,
-        };
-        c.facts.max_resume_age_ms = self.max_resume_age_ms();
-        let cursor_fact = match (cursor, &c.session) {
+        *facts = ResumeFacts::new(session_fact, CursorFact::Absent);
+        facts.max_resume_age_ms = self.max_resume_age_ms();
+        let mut placed = None;
+        let cursor_fact = match (cursor, &session) {
             (None, _) => CursorFact::Absent,
             (Some(Err(_)), _) => CursorFact::Malformed,
             (Some(Ok(_)), None) => CursorFact::Unchecked,
-            (Some(Ok(e)), Some(s)) => classify_cursor(self, s, e, now, &mut c.facts, &mut c.placed),
+            (Some(Ok(e)), Some(s)) => classify_cursor(self, s, e, now, facts, &mut placed),
         };
-        if let Some(s) = &c.session {
+        if let Some(s) = &session {
             s.touch(now);
         }
-        c.facts.cursor = cursor_fact.code();
-        c.facts.fill_safe_set();
-        c
+        facts.cursor = cursor_fact.code();
+        facts.fill_safe_set();
+        Found {
+            session,
+            cursor: parsed,
+            placed,
+        }
     }
 
     #[inline(always)]
-    fn act(self: &Arc<Self>, c: Classified, verdict: Verdict) -> ResumeAction {
-        let live = c.facts.session_fact().is_some_and(SessionFact::is_live);
+    fn act(self: &Arc<Self>, c: Found, facts: &ResumeFacts, verdict: Verdict) -> ResumeAction {
+        let live = facts.session_fact().is_some_and(SessionFact::is_live);
         let handle = |s: &Option<Arc<Session>>| {
             s.as_ref().filter(|_| live).map(|s| SessionHandle {
                 session: s.clone(),
@@ -334,12 +343,12 @@ impl Shared {
         };
         let signal = |kind: SignalKind| {
             let s = c.session.as_ref()?;
-            let oldest = (c.facts.oldest_retained != UNKNOWN
-                && c.facts.oldest_retained <= c.facts.high_water)
-                .then(|| s.event_id(c.cursor.map_or(0, |e| e.stream), c.facts.oldest_retained));
+            let oldest = (facts.oldest_retained != UNKNOWN
+                && facts.oldest_retained <= facts.high_water)
+                .then(|| s.event_id(c.cursor.map_or(0, |e| e.stream), facts.oldest_retained));
             Some(Signal {
                 kind,
-                reason: reason(&c.facts),
+                reason: reason(facts),
                 cursor: c.cursor,
                 oldest,
             })
@@ -375,7 +384,7 @@ impl Shared {
             },
             v => ResumeAction::Reject(Rejection {
                 verdict: v,
-                reason: reason(&c.facts),
+                reason: reason(facts),
             }),
         }
     }

@@ -16,6 +16,8 @@
 //! # Bookkeeping per session
 //!
 //! An idle session costs its [`Session`] record (id, owner tag, epoch,
+//! the formatted prefix of its event ids (40 bytes, so a resume checks a
+//! cursor's owner and epoch by comparing bytes instead of parsing them),
 //! principal pointer, timestamps, its [`Window`] — two packed segment
 //! references and a unit count —, counters, the waiter list pointer and the
 //! attachment), its `Arc` header and its registry entry. A session with no
@@ -27,7 +29,7 @@ use std::sync::{Arc, OnceLock, Weak};
 
 use event_listener::{Event, EventListener};
 
-use crate::id::{EventId, SessionId};
+use crate::id::{EventId, EventIdError, IdPrefix, SessionId};
 use crate::storage::{Owner, Window};
 
 const SHARDS: usize = 16;
@@ -75,6 +77,10 @@ pub(crate) struct Session {
     /// The engine's node number ([`Config::node`](crate::Config::node)),
     /// written into every id the session mints.
     pub(crate) node: u16,
+    /// How every event id this incarnation mints begins (tag, node,
+    /// epoch), so a resume recognises its own cursors without parsing
+    /// those fields.
+    pub(crate) id_prefix: IdPrefix,
     /// The principal the session is bound to, if any.
     pub(crate) principal: Option<Box<str>>,
     /// Engine-clock milliseconds when the session was opened.
@@ -142,6 +148,7 @@ impl Session {
             tag,
             epoch,
             node,
+            id_prefix: IdPrefix::new(tag, node, epoch),
             principal: principal.map(Box::from),
             opened_ms: now_ms,
             last_active_ms: AtomicU64::new(now_ms),
@@ -201,6 +208,17 @@ impl Session {
             epoch: self.epoch,
             stream,
             seq,
+        }
+    }
+
+    /// Parses a presented cursor: through the session's own prefix when
+    /// it is one of this incarnation's ids, otherwise in full (same answer
+    /// either way).
+    #[inline]
+    pub(crate) fn parse_cursor(&self, raw: &str) -> Result<EventId, EventIdError> {
+        match self.id_prefix.parse(raw) {
+            Some((stream, seq)) => Ok(self.event_id(stream, seq)),
+            None => EventId::parse(raw),
         }
     }
 
