@@ -68,48 +68,54 @@ pub trait Attachment: std::any::Any + Send + Sync {
 }
 
 /// One live (or just-ended) session.
+///
+/// `repr(C)` so the fields a resume and an append read come first, next
+/// to each other and to the `Arc`'s count (about two cache lines), and the
+/// rest after them: when resumes are spread over many sessions, each one
+/// misses the cache on every line of the session it touches.
+#[repr(C)]
 pub(crate) struct Session {
-    pub(crate) id: SessionId,
+    /// The retained events.
+    pub(crate) window: Window,
     /// Keyed tag of `id`; the owner field of every event id it issues.
     pub(crate) tag: u64,
     /// This incarnation's epoch; unique within the engine.
     pub(crate) epoch: u64,
+    /// Engine-clock milliseconds of the last append, resume or touch.
+    /// Monotone non-decreasing (updated with `fetch_max`).
+    pub(crate) last_active_ms: AtomicU64,
+    /// The principal the session is bound to, if any.
+    pub(crate) principal: Option<Box<str>>,
+    /// Set when the session was restored from a data directory at start
+    /// (a pointer, so sessions opened in this process pay 8 bytes for it).
+    pub(crate) restored: Option<Box<Restored>>,
+    /// Open readers plus calls in flight: a session with any is never
+    /// evicted.
+    pub(crate) busy: AtomicU32,
+    /// Readers parked (or about to park) on `appended`; appends notify only
+    /// when it is non-zero. See [`Session::listen`].
+    pub(crate) waiters: AtomicU32,
     /// The engine's node number ([`Config::node`](crate::Config::node)),
     /// written into every id the session mints.
     pub(crate) node: u16,
+    /// Set once when the session ends; readers then stop.
+    pub(crate) ended: AtomicBool,
     /// How every event id this incarnation mints begins (tag, node,
     /// epoch), so a resume recognises its own cursors without parsing
     /// those fields.
     pub(crate) id_prefix: IdPrefix,
-    /// The principal the session is bound to, if any.
-    pub(crate) principal: Option<Box<str>>,
+    pub(crate) id: SessionId,
     /// Engine-clock milliseconds when the session was opened.
     pub(crate) opened_ms: u64,
-    /// Engine-clock milliseconds of the last append, resume or touch.
-    /// Monotone non-decreasing (updated with `fetch_max`).
-    pub(crate) last_active_ms: AtomicU64,
-    /// The retained events.
-    pub(crate) window: Window,
-    /// Next stream id to hand out; starts at 1 (stream 0 is the session's
-    /// standalone stream, e.g. MCP's GET stream). Never reaches
-    /// `u32::MAX`, which is reserved as "no stream".
-    pub(crate) next_stream: AtomicU32,
-    /// Readers parked (or about to park) on `appended`; appends notify only
-    /// when it is non-zero. See [`Session::listen`].
-    pub(crate) waiters: AtomicU32,
-    /// Open readers plus calls in flight: a session with any is never
-    /// evicted.
-    pub(crate) busy: AtomicU32,
-    /// Set once when the session ends; readers then stop.
-    pub(crate) ended: AtomicBool,
     /// Wakes readers waiting for the next append (and for the end).
     pub(crate) appended: Event,
     /// The embedding's state, held weakly (no cycle through the handle it
     /// keeps).
     attachment: OnceLock<Weak<dyn Attachment>>,
-    /// Set when the session was restored from a data directory at start
-    /// (a pointer, so sessions opened in this process pay 8 bytes for it).
-    pub(crate) restored: Option<Box<Restored>>,
+    /// Next stream id to hand out; starts at 1 (stream 0 is the session's
+    /// standalone stream, e.g. MCP's GET stream). Never reaches
+    /// `u32::MAX`, which is reserved as "no stream".
+    pub(crate) next_stream: AtomicU32,
 }
 
 /// What a session restored from disk brings with it.
