@@ -1697,17 +1697,34 @@ fn run_placed(
     }
     let segment = pool.segment(pos.seg.unit, pos.class);
     let (buf_base, events_base) = (buf.len(), events.len());
-    let known_end = pos.first_seq + u64::from(pos.known);
+    // The frames below the claims seen, and room for the events the limit
+    // allows. The entries are made room for once, so the loop keeps its
+    // state in registers instead of re-checking the vector per frame.
+    let claimed = (pos.first_seq + u64::from(pos.known)).saturating_sub(*seq);
+    let room = max_events.saturating_sub(events_base);
+    events.reserve(claimed.min(room as u64) as usize);
+    // Words the run may copy before the byte limit stops it (checked before
+    // each frame, so a batch may end one frame past the limit).
+    let max_words = max_bytes.saturating_sub(buf_base).div_ceil(WORD_BYTES);
+    let table_end = segment.len();
     let mut next = *seq;
     let mut at = pos.offset as usize;
-    // Words [copy_from, copy_to) of the segment go to `buf` at `buf_base`.
-    let mut copy_from = None;
+    // Words [copy_from, copy_to) of the segment go to `buf` at `buf_base`;
+    // `copy_from` is `usize::MAX` until the first wanted frame.
+    let mut copy_from = usize::MAX;
     let mut copy_to = at;
-    let bytes_at = |from: Option<usize>, to: usize| from.map_or(0, |f| (to - f) * WORD_BYTES);
-    while next < known_end
-        && events.len() < max_events
-        && buf_base + bytes_at(copy_from, copy_to) < max_bytes
-    {
+    let first_index = (next - pos.first_seq) as usize;
+    let mut wanted = 0;
+    // `index`: frame `next`'s place in the segment's table.
+    for index in first_index..first_index + claimed as usize {
+        let copied = if copy_from == usize::MAX {
+            0
+        } else {
+            copy_to - copy_from
+        };
+        if wanted == room || copied >= max_words {
+            break;
+        }
         let Some(mark) = segment.get(at) else {
             break;
         };
@@ -1718,15 +1735,19 @@ fn run_placed(
         let len = len as usize;
         let start = at + FRAME_HEADER_WORDS;
         let end = start + len.div_ceil(WORD_BYTES);
-        let index = (next - pos.first_seq) as usize;
-        if end > segment.len() - (index + 1) {
+        // The frame must end before the table entries (one per frame, from
+        // the segment's end down).
+        if end > table_end - (index + 1) {
             break;
         }
         let frame_stream = (segment[at + 1].load(Ordering::Relaxed) >> 32) as u32;
         if frame_stream == stream {
-            let from = *copy_from.get_or_insert(start);
-            let payload = buf_base + (start - from) * WORD_BYTES;
+            if copy_from == usize::MAX {
+                copy_from = start;
+            }
+            let payload = buf_base + (start - copy_from) * WORD_BYTES;
             events.push((next, payload as u32, (payload + len) as u32));
+            wanted += 1;
             copy_to = end;
         } else if frame_stream == RESERVED_STREAM {
             // Possibly a gap marker: the general path reports it.
@@ -1735,6 +1756,7 @@ fn run_placed(
         next += 1;
         at = end;
     }
+    let copy_from = (copy_from != usize::MAX).then_some(copy_from);
     if next == *seq {
         return false;
     }
