@@ -143,6 +143,13 @@ pub enum ConfigError {
     BootEpochWithDataDir,
     /// The data directory cannot be used.
     DataDir(crate::durable::DataDirError),
+    /// The operating system would not map a pool of `global_bytes`.
+    PoolMemory {
+        /// The configured pool.
+        global_bytes: u64,
+        /// What the operating system said.
+        reason: String,
+    },
 }
 
 impl fmt::Display for ConfigError {
@@ -174,6 +181,14 @@ impl fmt::Display for ConfigError {
                  mints epochs",
             ),
             ConfigError::DataDir(e) => write!(f, "data_dir: {e}"),
+            ConfigError::PoolMemory {
+                global_bytes,
+                reason,
+            } => write!(
+                f,
+                "global_bytes = {global_bytes}: the operating system will not map a pool \
+                 that large ({reason}); lower global_bytes"
+            ),
         }
     }
 }

@@ -166,7 +166,10 @@ impl Shared {
                     .duration_since(std::time::UNIX_EPOCH)
                     .map_or(1, |d| d.as_micros() as u64)
             });
-            let pool = Pool::new(config.pool_shape());
+            let pool = Pool::new(config.pool_shape()).map_err(|e| ConfigError::PoolMemory {
+                global_bytes: config.global_bytes,
+                reason: e.to_string(),
+            })?;
             return Ok(Shared::with(
                 config,
                 policy,

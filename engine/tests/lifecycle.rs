@@ -61,6 +61,24 @@ fn bad_config_is_refused_with_the_setting_named() {
     );
 }
 
+/// A pool larger than the operating system will map is a configuration
+/// error that names the setting, not a panic. (Linux with its default
+/// overcommit heuristic refuses a 2 TiB private mapping on any machine
+/// with less memory and swap than that; where the mapping is granted, the
+/// engine must simply start.)
+#[test]
+fn a_pool_the_os_will_not_map_is_refused_with_the_setting_named() {
+    let mut c = Config::default();
+    c.global_bytes = 2 << 40;
+    match Engine::new(c) {
+        Ok(engine) => assert!(engine.metrics().pool_bytes > 1 << 40),
+        Err(e) => {
+            assert!(matches!(e, ConfigError::PoolMemory { .. }), "{e}");
+            assert!(e.to_string().contains("global_bytes"), "{e}");
+        }
+    }
+}
+
 #[test]
 fn oversized_event_is_refused_and_consumes_nothing() {
     let e = Engine::new(config(8, 1 << 20)).unwrap();

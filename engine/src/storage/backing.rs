@@ -68,21 +68,17 @@ impl std::fmt::Debug for Backing {
 
 impl Backing {
     /// `n` zeroed words in memory: an anonymous private mapping, so pages
-    /// the pool never touches are never committed.
-    ///
-    /// # Panics
-    ///
-    /// If the operating system refuses the mapping (address space
-    /// exhausted): the engine cannot run without its pool.
+    /// the pool never touches are never committed. Fails if the operating
+    /// system refuses the mapping (more than it will promise, or address
+    /// space exhausted).
     #[cfg(not(any(loom, miri)))]
-    pub(crate) fn in_memory(n: usize) -> Backing {
-        let bytes = n.checked_mul(8).expect("pool size overflows usize");
+    pub(crate) fn in_memory(n: usize) -> std::io::Result<Backing> {
+        let bytes = n.checked_mul(8).ok_or_else(|| {
+            std::io::Error::new(std::io::ErrorKind::OutOfMemory, "pool size overflows usize")
+        })?;
         // A zero-length mapping is an error; an empty pool still gets a
         // page (it is never touched).
-        let mut map = memmap2::MmapOptions::new()
-            .len(bytes.max(1))
-            .map_anon()
-            .unwrap_or_else(|e| panic!("cannot map {bytes} bytes for the segment pool: {e}"));
+        let mut map = memmap2::MmapOptions::new().len(bytes.max(1)).map_anon()?;
         #[cfg(target_os = "linux")]
         {
             // Advice only: a kernel without transparent huge pages refuses
@@ -93,26 +89,27 @@ impl Backing {
         let ptr = NonNull::new(map.as_mut_ptr().cast::<AtomicU64>())
             .expect("a mapping is never at address 0");
         assert!(ptr.is_aligned());
-        Backing {
+        Ok(Backing {
             ptr,
             len: n,
             owner: Owner::Anon { _map: map },
-        }
+        })
     }
 
-    /// `n` zeroed words on the heap (loom and Miri).
+    /// `n` zeroed words on the heap (loom and Miri; an allocation failure
+    /// aborts there).
     #[cfg(any(loom, miri))]
-    pub(crate) fn in_memory(n: usize) -> Backing {
+    pub(crate) fn in_memory(n: usize) -> std::io::Result<Backing> {
         #[cfg(not(loom))]
         let words = bytemuck::zeroed_slice_box::<AtomicU64>(n);
         #[cfg(loom)]
         let words: Box<[AtomicU64]> = (0..n).map(|_| AtomicU64::new(0)).collect();
         let raw = Box::into_raw(words);
-        Backing {
+        Ok(Backing {
             ptr: NonNull::new(raw.cast::<AtomicU64>()).expect("Box::into_raw is never null"),
             len: n,
             owner: Owner::Heap,
-        }
+        })
     }
 
     /// The `n` words at byte `offset` of a writable shared mapping of a

@@ -19,6 +19,7 @@ fn pool(units: u32, top: u8) -> Pool {
         unit_words: 16,
         top_class: top,
     })
+    .expect("a test pool fits in memory")
 }
 
 fn keep(max_events: u64) -> Retention {

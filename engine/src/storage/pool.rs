@@ -105,11 +105,12 @@ impl std::fmt::Debug for Pool {
 }
 
 impl Pool {
-    /// A pool over fresh zeroed memory, every unit free.
-    pub(crate) fn new(shape: PoolShape) -> Pool {
-        let pool = Pool::over(Backing::in_memory(shape.total_words()), shape);
+    /// A pool over fresh zeroed memory, every unit free; fails if the
+    /// operating system will not map that much.
+    pub(crate) fn new(shape: PoolShape) -> std::io::Result<Pool> {
+        let pool = Pool::over(Backing::in_memory(shape.total_words())?, shape);
         pool.free_everything();
-        pool
+        Ok(pool)
     }
 
     /// A pool over `backing` (zeroed or recovered); its free lists start

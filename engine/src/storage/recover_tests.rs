@@ -28,7 +28,7 @@ fn keep() -> Retention {
 
 /// The words of `p` in a fresh pool with empty free lists.
 fn restart(p: &Pool) -> Pool {
-    let backing = Backing::in_memory(shape().total_words());
+    let backing = Backing::in_memory(shape().total_words()).expect("a test pool fits in memory");
     for (to, from) in backing.words().iter().zip(p_words(p)) {
         to.store(from, Ordering::Relaxed);
     }
@@ -72,7 +72,7 @@ fn read_all(w: &Window, p: &Pool, stream: u32) -> Vec<(u64, Vec<u8>)> {
 
 #[test]
 fn a_spare_that_names_the_head_as_predecessor_never_wins_over_the_chain() {
-    let p = Pool::new(shape());
+    let p = Pool::new(shape()).expect("a test pool fits in memory");
     // The first allocation of this pool is its lowest unit: the spare
     // below sits before every segment of the chain in recovery's scan.
     let spare = p.alloc(0).unwrap();
@@ -112,7 +112,7 @@ fn a_spare_that_names_the_head_as_predecessor_never_wins_over_the_chain() {
 
 #[test]
 fn an_unfinished_frame_between_finished_ones_becomes_a_skipped_placeholder() {
-    let p = Pool::new(shape());
+    let p = Pool::new(shape()).expect("a test pool fits in memory");
     let w = Window::new();
     for i in 1..=16u8 {
         append(&w, &p, 1, &[i; 20]);
@@ -169,7 +169,7 @@ fn put_header(p: &Pool, unit: u32, header: SegmentHeader) {
 
 #[test]
 fn a_unit_allocated_but_not_yet_written_is_no_candidate_whatever_its_old_words_claim() {
-    let p = Pool::new(shape());
+    let p = Pool::new(shape()).expect("a test pool fits in memory");
     let w = Window::new();
     for i in 1..=12u8 {
         append(&w, &p, 1, &[i; 20]);
@@ -217,7 +217,7 @@ fn a_unit_allocated_but_not_yet_written_is_no_candidate_whatever_its_old_words_c
 
 #[test]
 fn a_chain_ending_in_an_unwritten_state_never_wins_over_one_that_can_be_restored() {
-    let p = Pool::new(shape());
+    let p = Pool::new(shape()).expect("a test pool fits in memory");
     let w = Window::new();
     for i in 1..=12u8 {
         append(&w, &p, 1, &[i; 20]);
@@ -251,7 +251,7 @@ fn a_chain_ending_in_an_unwritten_state_never_wins_over_one_that_can_be_restored
 
 #[test]
 fn a_flipped_bit_in_a_sealed_segments_header_drops_it_and_older_and_renumbers_nothing() {
-    let p = Pool::new(shape());
+    let p = Pool::new(shape()).expect("a test pool fits in memory");
     let w = Window::new();
     for i in 1..=20u8 {
         append(&w, &p, 1, &[i; 20]);
@@ -280,7 +280,7 @@ fn a_flipped_bit_in_a_sealed_segments_header_drops_it_and_older_and_renumbers_no
 
 #[test]
 fn a_flipped_bit_in_the_heads_header_leaves_the_session_unrestored() {
-    let p = Pool::new(shape());
+    let p = Pool::new(shape()).expect("a test pool fits in memory");
     let w = Window::new();
     for i in 1..=20u8 {
         append(&w, &p, 1, &[i; 20]);

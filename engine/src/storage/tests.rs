@@ -15,6 +15,7 @@ fn pool(units: u32, top: u8) -> Pool {
         unit_words: 16,
         top_class: top,
     })
+    .expect("a test pool fits in memory")
 }
 
 fn keep(max_events: u64, max_bytes: u64) -> Retention {
@@ -559,7 +560,10 @@ fn a_recovered_pool_hands_out_its_untouched_part_after_its_lists_and_never_twice
         unit_words: 16,
         top_class: 2,
     };
-    let p = Pool::over(backing::Backing::in_memory(shape.total_words()), shape);
+    let p = Pool::over(
+        backing::Backing::in_memory(shape.total_words()).expect("a test pool fits in memory"),
+        shape,
+    );
     let mut used = vec![false; 64];
     used[50] = true;
     used[51] = true;
