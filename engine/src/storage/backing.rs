@@ -158,6 +158,78 @@ impl Backing {
         unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
     }
 
+    /// The granule, in words, in which [`Backing::release`] gives memory
+    /// back (the page size), or `None` if this backing never does: a file
+    /// (its pages are the durable data) or a platform without
+    /// `MADV_DONTNEED`'s zero-fill. The heap backing of loom and Miri runs
+    /// "releases" by storing zeros, so the protocol around it is checked
+    /// there too.
+    pub(crate) fn release_granule_words(&self) -> Option<usize> {
+        match &self.owner {
+            #[cfg(any(loom, miri))]
+            Owner::Heap => Some(8),
+            #[cfg(all(not(any(loom, miri)), target_os = "linux"))]
+            Owner::Anon { .. } => Some(rustix::param::page_size() / 8),
+            #[cfg(all(not(any(loom, miri)), not(target_os = "linux")))]
+            Owner::Anon { .. } => None,
+            #[cfg(not(loom))]
+            Owner::Mapped(_) => None,
+        }
+    }
+
+    /// Gives the whole granules inside `words` back to the operating
+    /// system: afterwards they read as zeros and are not resident until
+    /// written. Returns the bytes released (0 when the backing does not
+    /// release, or the range holds no whole granule).
+    ///
+    /// The caller owns `words`: no other thread writes them until it hands
+    /// them on (readers may load them; any value is a valid word).
+    pub(crate) fn release(&self, words: std::ops::Range<usize>) -> u64 {
+        let Some(granule) = self.release_granule_words() else {
+            return 0;
+        };
+        let start = words.start.next_multiple_of(granule);
+        let end = words.end.min(self.len) / granule * granule;
+        if end <= start {
+            return 0;
+        }
+        match &self.owner {
+            #[cfg(any(loom, miri))]
+            Owner::Heap => {
+                for word in &self.words()[start..end] {
+                    word.store(0, crate::sync::Ordering::Relaxed);
+                }
+            }
+            #[cfg(not(any(loom, miri)))]
+            Owner::Anon { _map: map } => {
+                // The mapping starts on a page boundary and `start`, `end`
+                // are whole pages into it, so the kernel sees exactly this
+                // range (memmap2 widens an unaligned one down to a page).
+                // SAFETY: the pages are words of this anonymous private
+                // mapping that the caller owns (no thread writes them
+                // until the caller hands them on) and that no reference
+                // other than `&[AtomicU64]` points into; MADV_DONTNEED
+                // makes them read as zeros, as if the owner had stored
+                // zeros, and every bit pattern is a valid `AtomicU64`.
+                // A racing reader's atomic loads see old words or zeros
+                // and are validated by the segment's stamp afterwards.
+                let done = unsafe {
+                    map.unchecked_advise_range(
+                        memmap2::UncheckedAdvice::DontNeed,
+                        start * 8,
+                        (end - start) * 8,
+                    )
+                };
+                if done.is_err() {
+                    return 0;
+                }
+            }
+            #[cfg(not(loom))]
+            Owner::Mapped(_) => return 0,
+        }
+        (end - start) as u64 * 8
+    }
+
     /// Writes the dirty pages of a mapped backing back to its file and waits
     /// for the device (`msync(MS_SYNC)`). A no-op for an in-memory pool.
     pub(crate) fn sync(&self) -> std::io::Result<()> {

@@ -375,3 +375,78 @@ fn loom_a_reader_of_a_single_writer_across_a_segment_boundary() {
         w.writer_done(&p, &mut sw);
     });
 }
+
+/// A trim pass takes free segments off the lists while it releases their
+/// memory. An allocation racing with it must still find the pool's only
+/// segment (a pass never makes the pool look full, which would evict a
+/// session for nothing), and a pass must never release a segment someone
+/// has allocated (its writes would turn to zeros).
+#[test]
+fn loom_a_trim_pass_neither_hides_the_last_segment_nor_releases_one_in_use() {
+    loom::model(|| {
+        let p = Arc::new(pool(1, 0));
+        let s = p.alloc(0).expect("the only segment");
+        p.free(s, 0);
+        // The first pass marks it; the racing one may release it.
+        assert_eq!(p.trim(usize::MAX), 0);
+        let trimmer = {
+            let p = p.clone();
+            thread::spawn(move || p.trim(usize::MAX))
+        };
+        let user = {
+            let p = p.clone();
+            thread::spawn(move || {
+                let got = p
+                    .alloc(0)
+                    .expect("a trim pass never makes the pool look full");
+                // A word the pass would release (16-word units, 8-word
+                // granules).
+                p.segment(got.unit, 0)[10].store(7, crate::sync::Ordering::Relaxed);
+                got
+            })
+        };
+        trimmer.join().unwrap();
+        let got = user.join().unwrap();
+        assert_eq!(
+            p.segment(got.unit, 0)[10].load(crate::sync::Ordering::Relaxed),
+            7,
+            "a pass released a segment in use"
+        );
+        p.free(got, 0);
+    });
+}
+
+/// A reader walking into a segment that retention releases and a trim
+/// pass then gives back (its words turn to zeros) reads the event it was
+/// after or is told it lagged, never zeros in place of bytes.
+#[test]
+fn loom_a_reader_of_a_segment_being_trimmed_reads_its_event_or_lags() {
+    loom::model(|| {
+        let p = Arc::new(pool(3, 0));
+        let wa = Arc::new(Window::new());
+        wa.append(&p, A, &keep(1), 0, 1, &body(0, 1), 0).unwrap();
+        let reader = {
+            let (p, wa) = (p.clone(), wa.clone());
+            thread::spawn(move || {
+                let mut c = wa.cursor_after(0);
+                let mut buf = Vec::new();
+                match wa.read(&p, A, &mut c, None, &mut buf) {
+                    Read::Event(m) => {
+                        assert_eq!(m.seq, 1);
+                        assert_eq!(buf, body(0, 1), "torn or zeroed bytes");
+                    }
+                    Read::Lagged { missing } => assert_eq!(missing, 1),
+                    other => panic!("{other:?}"),
+                }
+            })
+        };
+        // A moves on to its third segment; retention (1 event) releases
+        // the first, where the reader's event is; two passes give its
+        // memory back (the event's mark and meta words among it).
+        wa.append(&p, A, &keep(1), 0, 2, &body(0, 2), 0).unwrap();
+        wa.append(&p, A, &keep(1), 0, 3, &body(0, 3), 0).unwrap();
+        assert_eq!(p.trim(usize::MAX), 0, "the first pass only marks");
+        assert!(p.trim(usize::MAX) > 0, "the released segment is given back");
+        reader.join().unwrap();
+    });
+}

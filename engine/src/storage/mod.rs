@@ -141,6 +141,13 @@
 //! (a segment with a frame still being written is handed back as
 //! [`window::Deferred`] and freed later).
 //!
+//! Free segments keep their pages resident for the next allocation; the
+//! engine's sweep gives back the pages of segments that stayed free from
+//! one sweep to the next ([`Pool::trim`]; see [`pool`], "Giving memory
+//! back"). To a reader still copying from such a segment the zeros the
+//! kernel leaves are one more later owner's writes: the stamp, bumped when
+//! the segment was released, already tells it so.
+//!
 //! # Orderings
 //!
 //! - `head`/`oldest` stores and CASes are `Release` (or `AcqRel`), loads
@@ -175,7 +182,7 @@ mod recover_tests;
 #[cfg(all(test, not(loom)))]
 mod tests;
 
-pub(crate) use pool::{Pool, PoolShape};
+pub(crate) use pool::{Pool, PoolShape, TRIM_PER_PASS};
 pub(crate) use window::{
     AppendFailure, Cursor, Deferred, Owner, Read, Retention, SingleWriter, Window,
 };

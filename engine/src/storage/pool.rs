@@ -21,10 +21,30 @@
 //! a later owner and then issues `fence(Acquire)` sees the bump (see the
 //! storage module docs, "Reuse is detected").
 //!
+//! # Giving memory back
+//!
+//! Freed segments go back on their list with their pages still resident
+//! (the next allocation of the class reuses them at once). [`Pool::trim`],
+//! run by the engine's sweep, gives back the pages of segments that stayed
+//! free from one pass to the next: a pass marks every free segment of a
+//! class of two pages or more as *seen* (a bit above the stamp in its
+//! stamp word, cleared by the next allocation or release, which rewrite
+//! the word); a segment still marked at the next pass has been free a whole
+//! interval, and its pages after the first (which holds the free list's
+//! link) are released (`madvise(MADV_DONTNEED)` on an anonymous mapping:
+//! they read as zeros and cost nothing until written again). It then goes
+//! on its class's *cold* list, which allocation takes from after the warm
+//! one. A pass owns the segments it works on (taken off the lists), so no
+//! allocation can write into memory being released; an allocation that
+//! finds nothing while a pass holds segments waits for the pass, so a pass
+//! never makes the pool look full. A durable pool's file pages are not
+//! released.
+//!
 //! # Costs
 //!
 //! `alloc` of a class that has a free segment: one CAS (the pop) and one
-//! `fetch_sub` of the free counter; a split adds one CAS per level.
+//! `fetch_sub` of the free counter; a split adds one CAS per level (an
+//! empty warm list adds one load, of the cold list).
 //! `free`: one store, one CAS (the push), one `fetch_add`.
 
 use crossbeam_utils::CachePadded;
@@ -32,7 +52,21 @@ use crossbeam_utils::CachePadded;
 use super::backing::Backing;
 use super::freelist::FreeList;
 use super::layout::{SegRef, HEADER_WORDS};
-use crate::sync::{fence, AtomicU32, AtomicU64, Ordering};
+use crate::sync::{fence, spin_wait, AtomicU32, AtomicU64, Ordering};
+
+/// In a free unit's stamp word, above the stamp: a trim pass found the
+/// segment free (see the module docs, "Giving memory back"). Allocation
+/// and release rewrite the word, clearing it.
+const SEEN: u64 = 1 << 32;
+
+/// Segments one trim pass releases at most, so a pass holds few segments
+/// off the lists at a time and ends in a bounded number of system calls.
+pub(crate) const TRIM_PER_PASS: usize = 1024;
+
+/// In [`Pool::trims`]: passes under way (low half), one pass started
+/// (high half, wrapping).
+const TRIMS_UNDER_WAY: u64 = 0xffff_ffff;
+const TRIM_STARTED: u64 = 1 << 32;
 
 /// The shape of a pool.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -74,15 +108,31 @@ impl PoolShape {
     }
 }
 
+/// The free segments of one class.
+struct ClassLists {
+    /// Freed as they were: their pages still resident.
+    warm: FreeList,
+    /// Their pages after the first given back to the operating system
+    /// ([`Pool::trim`]); taken after the warm ones. On the warm list's
+    /// cache line: an allocation that finds the warm list empty loads no
+    /// other line to look here.
+    cold: FreeList,
+}
+
 /// The pool. See the module docs.
 pub(crate) struct Pool {
     backing: Backing,
     shape: PoolShape,
-    /// One list per class `0..=top_class`. Padded: allocation in one class
-    /// must not slow another class's pops.
-    free: Box<[CachePadded<FreeList>]>,
+    /// The free lists of each class `0..=top_class`. Padded: allocation in
+    /// one class must not slow another class's pops.
+    free: Box<[CachePadded<ClassLists>]>,
     /// Units on the free lists (or being moved between them).
     free_units: AtomicU64,
+    /// Units on the cold lists.
+    cold_units: AtomicU64,
+    /// Trim passes: under way (low half; each may hold segments off the
+    /// lists) and started so far (high half).
+    trims: AtomicU64,
     data_base: usize,
     /// Where the pool's own words start in the backing: 1 when the word
     /// before them is the allocation mark (a durable pool), else 0.
@@ -137,9 +187,16 @@ impl Pool {
             backing,
             shape,
             free: (0..=shape.top_class)
-                .map(|_| CachePadded::new(FreeList::new()))
+                .map(|_| {
+                    CachePadded::new(ClassLists {
+                        warm: FreeList::new(),
+                        cold: FreeList::new(),
+                    })
+                })
                 .collect(),
             free_units: AtomicU64::new(0),
+            cold_units: AtomicU64::new(0),
+            trims: AtomicU64::new(0),
             data_base: 2 * shape.units as usize,
             words_at,
             untouched: AtomicU32::new(0),
@@ -245,6 +302,12 @@ impl Pool {
         self.free_units.load(Ordering::Relaxed) * self.unit_bytes()
     }
 
+    /// Bytes of free segment memory given back to the operating system
+    /// (on the cold lists; each cold segment keeps its first page).
+    pub(crate) fn released_bytes(&self) -> u64 {
+        self.cold_units.load(Ordering::Relaxed) * self.unit_bytes()
+    }
+
     /// Bytes of segment memory in all.
     pub(crate) fn capacity_bytes(&self) -> u64 {
         u64::from(self.shape.units) * self.unit_bytes()
@@ -291,10 +354,21 @@ impl Pool {
     /// the header and state before publishing it). `None` when no segment
     /// of `class` or larger is free.
     pub(crate) fn alloc(&self, class: u8) -> Option<SegRef> {
-        let unit = self.take(class).or_else(|| {
-            self.coalesce();
-            self.take(class)
-        })?;
+        let unit = self
+            .take(class)
+            .or_else(|| {
+                self.coalesce();
+                self.take(class)
+            })
+            .or_else(|| {
+                // A trim pass may have held what we looked for.
+                self.past_trims(|| {
+                    self.take(class).or_else(|| {
+                        self.coalesce();
+                        self.take(class)
+                    })
+                })
+            })?;
         if let Some(mark) = self.mark_word() {
             // Lowered before the unit is stamped, so no owned unit is ever
             // below the mark. In the page cache at once (a process crash
@@ -364,14 +438,120 @@ impl Pool {
 
     fn push(&self, unit: u32, class: u8) {
         self.free_units.fetch_add(1 << class, Ordering::Relaxed);
-        self.free[class as usize].push(unit, self.link(unit));
+        self.free[class as usize].warm.push(unit, self.link(unit));
     }
 
     fn pop(&self, class: u8) -> Option<u32> {
         let units = self.shape.units;
-        let unit = self.free[class as usize].pop(units, |u| self.link(u))?;
+        let link = |u| self.link(u);
+        let unit = match self.free[class as usize].warm.pop(units, link) {
+            Some(unit) => unit,
+            None => {
+                let unit = self.free[class as usize].cold.pop(units, link)?;
+                self.cold_units.fetch_sub(1 << class, Ordering::Relaxed);
+                unit
+            }
+        };
         self.free_units.fetch_sub(1 << class, Ordering::Relaxed);
         Some(unit)
+    }
+
+    fn push_cold(&self, unit: u32, class: u8) {
+        self.free_units.fetch_add(1 << class, Ordering::Relaxed);
+        self.cold_units.fetch_add(1 << class, Ordering::Relaxed);
+        self.free[class as usize].cold.push(unit, self.link(unit));
+    }
+
+    /// Appends the units of the chain that starts at `first` (taken whole
+    /// off a list) to `units`.
+    fn collect_chain(&self, first: u32, units: &mut Vec<u32>) {
+        let limit = units.len() + self.shape.units as usize;
+        let mut unit = first;
+        loop {
+            units.push(unit);
+            let next = self.link(unit).load(Ordering::Relaxed);
+            if next == 0 || next > u64::from(self.shape.units) || units.len() > limit {
+                break;
+            }
+            unit = (next - 1) as u32;
+        }
+    }
+
+    /// Looks again (`look`) once no trim pass holds segments off the
+    /// lists, until a look finds something or fails with no pass started
+    /// since the previous wait: then the failure is not a pass's doing.
+    fn past_trims<T>(&self, mut look: impl FnMut() -> Option<T>) -> Option<T> {
+        loop {
+            // Acquire pairs with a pass's Release decrement, which follows
+            // its pushes: after it, the lists hold what the pass held. A
+            // pass counts itself in before it takes a list (and the take is
+            // a Release RMW the pops acquire), so whoever found a list empty
+            // because a pass had taken it sees the pass counted, or counted
+            // out again after its pushes.
+            let mut seen = self.trims.load(Ordering::Acquire);
+            while seen & TRIMS_UNDER_WAY != 0 {
+                spin_wait();
+                seen = self.trims.load(Ordering::Acquire);
+            }
+            if let Some(found) = look() {
+                return Some(found);
+            }
+            if self.trims.load(Ordering::Acquire) == seen {
+                return None;
+            }
+        }
+    }
+
+    /// Gives back to the operating system the pages of free segments that
+    /// were already free at the previous pass (see the module docs),
+    /// releasing at most `max_segments`. Returns the bytes released. Does
+    /// nothing for a pool whose backing cannot release memory (a file).
+    pub(crate) fn trim(&self, max_segments: usize) -> u64 {
+        let Some(page_words) = self.backing.release_granule_words() else {
+            return 0;
+        };
+        let mut budget = max_segments;
+        let mut released = 0;
+        let mut units = Vec::new();
+        let mut to_release = Vec::new();
+        // Counted in before the first take (see `past_trims`).
+        self.trims.fetch_add(TRIM_STARTED | 1, Ordering::Relaxed);
+        for class in 0..=self.shape.top_class {
+            if self.shape.class_words(class) < 2 * page_words {
+                continue;
+            }
+            let Some(first) = self.free[class as usize].warm.take_all() else {
+                continue;
+            };
+            units.clear();
+            self.collect_chain(first, &mut units);
+            self.free_units
+                .fetch_sub((units.len() as u64) << class, Ordering::Relaxed);
+            to_release.clear();
+            // Oldest first, so the newest go back on top, as they were.
+            for &unit in units.iter().rev() {
+                // The pass owns the unit now: only it touches the word.
+                let stamp = self.stamp(unit);
+                let word = stamp.load(Ordering::Relaxed);
+                if word & SEEN != 0 && budget > 0 {
+                    budget -= 1;
+                    to_release.push(unit);
+                } else {
+                    stamp.store(word | SEEN, Ordering::Relaxed);
+                    self.push(unit, class);
+                }
+            }
+            for &unit in &to_release {
+                let start = self.words_at + self.data_base + unit as usize * self.shape.unit_words;
+                // The first word is the free list's link: kept.
+                released += self
+                    .backing
+                    .release(start + 1..start + self.shape.class_words(class));
+                self.push_cold(unit, class);
+            }
+        }
+        self.trims.fetch_sub(1, Ordering::Release);
+        released
     }
 
     /// Merges free buddies, class by class from the smallest. Each class's
@@ -382,22 +562,19 @@ impl Pool {
     pub(crate) fn coalesce(&self) {
         let mut units = Vec::new();
         for class in 0..self.shape.top_class {
-            let Some(first) = self.free[class as usize].take_all() else {
-                continue;
-            };
             units.clear();
-            let mut unit = first;
-            loop {
-                units.push(unit);
-                let next = self.link(unit).load(Ordering::Relaxed);
-                if next == 0
-                    || next > u64::from(self.shape.units)
-                    || units.len() > self.shape.units as usize
-                {
-                    break;
-                }
-                unit = (next - 1) as u32;
+            if let Some(first) = self.free[class as usize].warm.take_all() {
+                self.collect_chain(first, &mut units);
             }
+            let warm = units.len();
+            if let Some(first) = self.free[class as usize].cold.take_all() {
+                self.collect_chain(first, &mut units);
+            }
+            if units.is_empty() {
+                continue;
+            }
+            let cold = (units.len() - warm) as u64;
+            self.cold_units.fetch_sub(cold << class, Ordering::Relaxed);
             self.free_units
                 .fetch_sub((units.len() as u64) << class, Ordering::Relaxed);
             units.sort_unstable();
@@ -425,17 +602,24 @@ impl Pool {
     /// The free list of `class` looked empty just now.
     #[cfg(test)]
     pub(crate) fn class_is_empty(&self, class: u8) -> bool {
-        self.free[class as usize].is_empty()
+        self.free[class as usize].warm.is_empty() && self.free[class as usize].cold.is_empty()
     }
 
     /// Whether an allocation of `class` would find a segment now (merging
     /// free buddies first if it would not).
     pub(crate) fn has_room_for(&self, class: u8) -> bool {
-        let any = || (class..=self.shape.top_class).any(|c| !self.free[c as usize].is_empty());
+        let any = || {
+            (class..=self.shape.top_class).any(|c| {
+                !self.free[c as usize].warm.is_empty() || !self.free[c as usize].cold.is_empty()
+            })
+        };
         let untouched = || self.untouched.load(Ordering::Relaxed) >= 1 << self.shape.top_class;
-        any() || untouched() || {
-            self.coalesce();
-            any()
-        }
+        any()
+            || untouched()
+            || {
+                self.coalesce();
+                any()
+            }
+            || self.past_trims(|| any().then_some(())).is_some()
     }
 }

@@ -794,3 +794,135 @@ fn batched_reads_cross_seals_and_skip_other_streams_as_single_reads_do() {
     assert!(got.is_empty(), "{got:?}");
     assert!(matches!(end, Read::Ended), "{end:?}");
 }
+
+/// A pool of four top-class segments that each span several release
+/// granules (pages; the heap pool of a Miri run releases 8-word granules).
+fn trimmable_pool() -> (Pool, u8) {
+    #[cfg(miri)]
+    let (unit_words, top) = (16, 2);
+    // 4 KiB units, 256 KiB segments: several pages even where pages are 64 KiB.
+    #[cfg(not(miri))]
+    let (unit_words, top) = (512, 6);
+    let p = Pool::new(PoolShape {
+        units: 4 << top,
+        unit_words,
+        top_class: top,
+    })
+    .expect("a test pool fits in memory");
+    (p, top)
+}
+
+#[test]
+fn a_segment_free_for_a_whole_trim_interval_is_given_back_and_comes_back_usable() {
+    use crate::sync::Ordering::Relaxed;
+    let (p, top) = trimmable_pool();
+    let words = p.shape().class_words(top);
+    let segs: Vec<_> = (0..4).map(|_| p.alloc(top).expect("four fit")).collect();
+    for s in &segs {
+        for w in p.segment(s.unit, top) {
+            w.store(0xdead_beef, Relaxed);
+        }
+    }
+    p.free(segs[0], top);
+    p.free(segs[1], top);
+    assert_eq!(
+        p.trim(usize::MAX),
+        0,
+        "the first pass only marks what is free"
+    );
+    assert_eq!(p.released_bytes(), 0);
+    // Reused (and freed again) between the passes: not released by the next.
+    let again = p.alloc(top).expect("a free segment");
+    assert_eq!(again.unit, segs[1].unit, "the newest free segment first");
+    p.free(again, top);
+
+    let released = p.trim(usize::MAX);
+    assert!(
+        released > 0 && released < words as u64 * 8,
+        "one segment released, but not its first granule: {released}"
+    );
+    assert_eq!(p.released_bytes(), words as u64 * 8);
+    assert_eq!(
+        p.free_bytes(),
+        2 * words as u64 * 8,
+        "trimming frees nothing"
+    );
+    let gone = p.segment(segs[0].unit, top);
+    assert_eq!(
+        gone[words - 1].load(Relaxed),
+        0,
+        "released words read as zeros"
+    );
+    assert_ne!(
+        gone[0].load(Relaxed),
+        0xdead_beef,
+        "the first word is the free list's link"
+    );
+    for s in &segs[1..] {
+        let kept = p.segment(s.unit, top);
+        assert_eq!(
+            kept[words - 1].load(Relaxed),
+            0xdead_beef,
+            "unit {}",
+            s.unit
+        );
+    }
+
+    // The warm segment is handed out first, then the released one, which
+    // holds what its new owner writes.
+    let warm = p.alloc(top).expect("warm");
+    assert_eq!(warm.unit, segs[1].unit);
+    let cold = p.alloc(top).expect("cold");
+    assert_eq!(cold.unit, segs[0].unit);
+    assert!(cold.stamp % 2 == 1 && cold.stamp > segs[0].stamp);
+    assert_eq!(p.released_bytes(), 0);
+    let seg = p.segment(cold.unit, top);
+    for (i, w) in seg.iter().enumerate() {
+        w.store(i as u64, Relaxed);
+    }
+    assert!(seg
+        .iter()
+        .enumerate()
+        .all(|(i, w)| w.load(Relaxed) == i as u64));
+    assert!(
+        p.alloc(top).is_none() && p.alloc(0).is_none(),
+        "the pool is full"
+    );
+}
+
+#[test]
+fn a_trim_pass_releases_at_most_its_budget_and_merging_takes_released_segments() {
+    let (p, top) = trimmable_pool();
+    let words = p.shape().class_words(top) as u64;
+    let segs: Vec<_> = (0..4).map(|_| p.alloc(top).expect("four fit")).collect();
+    for &s in &segs {
+        p.free(s, top);
+    }
+    assert_eq!(p.trim(1), 0, "the first pass only marks");
+    let one = p.trim(1);
+    assert!(one > 0);
+    assert_eq!(p.released_bytes(), words * 8, "one segment per pass of one");
+    assert_eq!(p.trim(0), 0, "a pass without budget releases nothing");
+    assert_eq!(p.trim(1), one);
+    assert_eq!(p.released_bytes(), 2 * words * 8);
+    p.trim(usize::MAX);
+    assert_eq!(p.released_bytes(), 4 * words * 8);
+    assert_eq!(
+        p.trim(usize::MAX),
+        0,
+        "released segments are not released again"
+    );
+    // Smaller classes split a released segment; merging puts it together
+    // again, from warm and released pieces alike.
+    let small: Vec<_> = (0..4).map(|_| p.alloc(top - 1).expect("halves")).collect();
+    for &s in &small {
+        p.free(s, top - 1);
+    }
+    let whole: Vec<_> = (0..4).map(|_| p.alloc(top).expect("merged back")).collect();
+    assert_eq!(p.free_bytes(), 0);
+    assert_eq!(p.released_bytes(), 0);
+    for s in whole {
+        p.free(s, top);
+    }
+    assert_eq!(p.free_bytes(), 4 * words * 8);
+}
