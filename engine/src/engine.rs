@@ -196,11 +196,14 @@ impl Engine {
     }
 
     /// Ends every session idle for longer than the TTL, frees segments
-    /// whose last writer has finished since their session ended, and makes
-    /// room ahead of need when the pool is nearly full. Returns how many
-    /// sessions expired. Call it periodically (the server does, once a
-    /// second); lookups also treat an expired session as gone even before a
-    /// sweep ends it.
+    /// whose last writer has finished since their session ended, makes
+    /// room ahead of need when the pool is nearly full, and gives back to
+    /// the operating system the memory of pool segments that stayed free
+    /// since the previous sweep (so after a burst, resident memory falls
+    /// back to what sessions hold within two sweeps; a durable pool's file
+    /// pages are left alone). Returns how many sessions expired. Call it
+    /// periodically (the server does, once a second); lookups also treat an
+    /// expired session as gone even before a sweep ends it.
     pub fn sweep(&self) -> usize {
         self.shared.sweep()
     }
@@ -212,7 +215,11 @@ impl Engine {
         let pool = &self.shared.pool;
         self.shared.metrics.snapshot(
             self.shared.live_appends(),
-            (pool.capacity_bytes(), pool.free_bytes()),
+            (
+                pool.capacity_bytes(),
+                pool.free_bytes(),
+                pool.released_bytes(),
+            ),
         )
     }
 }

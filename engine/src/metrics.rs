@@ -147,8 +147,9 @@ impl Metrics {
     }
 
     /// A snapshot; `live_appends` is the sum of the live sessions'
-    /// high-water marks, `pool` the pool's capacity and free bytes.
-    pub(crate) fn snapshot(&self, live_appends: u64, pool: (u64, u64)) -> MetricsSnapshot {
+    /// high-water marks, `pool` the pool's capacity, free and released
+    /// bytes.
+    pub(crate) fn snapshot(&self, live_appends: u64, pool: (u64, u64, u64)) -> MetricsSnapshot {
         let verdicts: [u64; 7] = std::array::from_fn(|i| {
             self.sum(Counter::verdict(
                 Verdict::from_code(i as u32).expect("dense codes"),
@@ -168,6 +169,7 @@ impl Metrics {
             sessions_live: self.sessions_live.load(Ordering::Relaxed),
             pool_bytes: pool.0,
             bytes_held: pool.0.saturating_sub(pool.1),
+            bytes_released: pool.2,
             resumes: verdicts.iter().sum(),
             verdicts,
             policy_faults: std::array::from_fn(|i| {
@@ -208,6 +210,10 @@ pub struct MetricsSnapshot {
     pub pool_bytes: u64,
     /// Bytes of pool segments held by sessions now.
     pub bytes_held: u64,
+    /// Bytes of free pool segments whose memory was given back to the
+    /// operating system (free for a whole sweep interval; see
+    /// [`Engine::sweep`](crate::Engine::sweep)): not resident until reused.
+    pub bytes_released: u64,
     /// Resume decisions made.
     pub resumes: u64,
     /// Resume decisions by verdict, indexed by verdict code.
@@ -250,10 +256,11 @@ mod tests {
         for t in threads {
             t.join().unwrap();
         }
-        let s = m.snapshot(7, (100, 40));
+        let s = m.snapshot(7, (100, 40, 16));
         assert_eq!(s.appends_refused, 4000);
         assert_eq!(s.appends, 7);
         assert_eq!(s.bytes_held, 60);
+        assert_eq!(s.bytes_released, 16);
         assert_eq!(s.resumes, 4);
         assert_eq!(s.verdict_count(Verdict::Conflict), 4);
         assert_eq!(s.verdict_count(Verdict::Resume), 0);
@@ -273,7 +280,7 @@ mod tests {
         for (i, f) in PolicyFault::ALL.iter().enumerate() {
             let m = Metrics::new();
             m.verdict(Verdict::Gone, Some(*f));
-            let s = m.snapshot(0, (0, 0));
+            let s = m.snapshot(0, (0, 0, 0));
             for (j, g) in PolicyFault::ALL.iter().enumerate() {
                 assert_eq!(
                     s.fault_count(*g),

@@ -17,7 +17,7 @@ use crate::id::{SessionId, TagKey};
 use crate::metrics::{Counter, Metrics};
 use crate::policy::Policy;
 use crate::session::{EndReason, Registry, Session};
-use crate::storage::{Deferred, Pool, Retention};
+use crate::storage::{Deferred, Pool, Retention, TRIM_PER_PASS};
 use crate::sync::Spin;
 
 /// Why a session could not be opened.
@@ -584,8 +584,10 @@ impl Shared {
         deferred.retain(|d| !d.try_free(&self.pool));
     }
 
-    /// Ends expired sessions, frees deferred segments, and makes room ahead
-    /// of need when the pool is nearly full. Returns the sessions ended.
+    /// Ends expired sessions, frees deferred segments, makes room ahead of
+    /// need when the pool is nearly full, and trims the pool (memory of
+    /// segments free since the last sweep goes back to the OS). Returns the
+    /// sessions ended.
     pub(crate) fn sweep(&self) -> usize {
         let now = self.now_ms();
         let mut expired = Vec::new();
@@ -602,6 +604,7 @@ impl Shared {
         if self.pool.free_bytes() < self.pool.capacity_bytes() / 32 {
             self.reclaim(0);
         }
+        self.pool.trim(TRIM_PER_PASS);
         self.compact_journal();
         ended
     }

@@ -272,6 +272,62 @@ fn close_frees_the_pool_and_stops_readers() {
     assert_eq!(s.append(0, b"late"), Err(AppendError::SessionEnded));
 }
 
+/// After a burst, memory of segments that stayed free for a whole sweep
+/// interval goes back to the operating system; sessions that then reuse
+/// it, and the session that lived through it, read exactly what they
+/// wrote.
+#[test]
+fn sweeps_give_back_memory_free_since_the_last_one_and_nothing_is_lost() {
+    let mut c = config(1 << 20, 32 << 20);
+    c.session_bytes = 256 << 10;
+    c.max_segment_bytes = 64 << 10;
+    let e = Engine::new(c).unwrap();
+    let payload = |session: usize, i: usize| vec![(session * 31 + i) as u8; 1000];
+    let fill = |session: usize| {
+        let s = e.open(None).unwrap();
+        for i in 0..200 {
+            s.append(0, &payload(session, i)).unwrap();
+        }
+        s
+    };
+    let check = |s: &SessionHandle, session: usize| {
+        let mut r = s.subscribe_from_start(0);
+        let mut buf = Vec::new();
+        let mut i = 0;
+        while let Some(id) = r.next_into(&mut buf).unwrap() {
+            assert_eq!(id.seq as usize, i + 1);
+            assert_eq!(buf, payload(session, i), "session {session} event {i}");
+            i += 1;
+        }
+        assert_eq!(i, 200, "session {session} kept everything");
+    };
+    let survivor = fill(0);
+    let burst: Vec<_> = (1..=20).map(fill).collect();
+    for s in &burst {
+        s.close();
+    }
+    assert_eq!(e.metrics().bytes_released, 0);
+    e.sweep();
+    assert_eq!(e.metrics().bytes_released, 0, "the first sweep only marks");
+    let reused = fill(21);
+    e.sweep();
+    let m = e.metrics();
+    assert!(
+        m.bytes_released >= 10 * (256 << 10),
+        "most of the burst's segments are given back: {m:?}"
+    );
+    assert!(m.bytes_released + m.bytes_held <= m.pool_bytes);
+    check(&survivor, 0);
+    check(&reused, 21);
+    // New sessions take the memory given back and read it as written.
+    let after: Vec<_> = (22..42).map(fill).collect();
+    for (k, s) in after.iter().enumerate() {
+        check(s, 22 + k);
+    }
+    assert!(e.metrics().bytes_released < m.bytes_released);
+    check(&survivor, 0);
+}
+
 #[test]
 fn lagged_reader_gets_a_typed_error_then_skips_the_gap() {
     let e = Engine::new(config(4, 1 << 20)).unwrap();

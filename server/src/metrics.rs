@@ -24,7 +24,7 @@
 //! | `rewind_events_delivered`, `rewind_delivered_bytes` | | events handed to readers (replayed or live) |
 //! | `rewind_reader_gaps` | | times a reader found events it had not read released (one gap each) |
 //! | `rewind_sessions_opened`, `_refused`, `_closed`, `_expired`, `_evicted` | | sessions by how they began and ended, and openings a session cap refused |
-//! | `rewind_sessions_live`, `rewind_pool_bytes`, `rewind_bytes_held` (gauges) | | sessions now, the event pool's size (the global budget), the pool bytes live sessions hold |
+//! | `rewind_sessions_live`, `rewind_pool_bytes`, `rewind_bytes_held`, `rewind_bytes_released` (gauges) | | sessions now, the event pool's size (the global budget), the pool bytes live sessions hold, the free pool bytes given back to the OS |
 //! | `rewind_resume_decisions` | `verdict`, `generation` | reconnects decided, by the verdict acted on and the policy generation that chose it |
 //! | `rewind_resume_duration_seconds` (histogram) | | time to decide one |
 //! | `rewind_replay_events` (histogram) | | events replayed from before the reconnect, per resumed stream |
@@ -488,6 +488,12 @@ fn encode_engine(e: &mut DescriptorEncoder, m: &MetricsSnapshot) -> Result<(), f
         "rewind_bytes_held",
         "Bytes of the event pool held by live sessions' segments",
         m.bytes_held,
+    )?;
+    gauge(
+        e,
+        "rewind_bytes_released",
+        "Bytes of free event-pool segments given back to the operating system (not resident until reused)",
+        m.bytes_released,
     )?;
     let faults = Family::<FaultLabels, Counter>::default();
     for f in PolicyFault::ALL {

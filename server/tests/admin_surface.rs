@@ -199,6 +199,7 @@ async fn metrics_parse_and_move_with_traffic() {
         "rewind_sessions_evicted_total",
         "rewind_sessions_live",
         "rewind_bytes_held",
+        "rewind_bytes_released",
         "rewind_policy_fallbacks_total{fault=\"trap\"}",
         "rewind_resume_duration_seconds_count",
         "rewind_replay_events_count",
