@@ -116,6 +116,7 @@ mod transport;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
+use std::time::Duration;
 
 use futures::future::BoxFuture;
 use rewind_engine::{Engine, SessionId};
@@ -539,19 +540,70 @@ impl RewindMcp {
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(every);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let mut heap = HeapTrim::default();
             loop {
                 tokio::select! {
                     _ = tick.tick() => {}
                     _ = shutdown.cancelled() => break,
                 }
-                match weak.upgrade() {
-                    Some(inner) => {
-                        RewindMcp { inner }.sweep();
+                let Some(inner) = weak.upgrade() else { break };
+                let mcp = RewindMcp { inner };
+                let live = mcp.sessions_live();
+                let trim_heap = heap.due(live, std::time::Instant::now());
+                // A sweep walks every session and may give pool pages
+                // back (system calls): off the runtime's workers.
+                let swept = tokio::task::spawn_blocking(move || {
+                    mcp.sweep();
+                    if trim_heap {
+                        release_free_heap();
                     }
-                    None => break,
+                });
+                if swept.await.is_err() {
+                    break;
                 }
             }
         });
+    }
+}
+
+/// When to hand the C allocator's free memory back to the operating
+/// system: after the number of live sessions has fallen to half its peak
+/// since the last time (a burst is over: the memory its sessions' services
+/// and connections used is free, but glibc keeps free memory in its arenas
+/// until asked), at most every ten seconds, and only once there were
+/// sessions worth speaking of.
+#[derive(Debug, Default)]
+struct HeapTrim {
+    peak: usize,
+    last: Option<std::time::Instant>,
+}
+
+impl HeapTrim {
+    const MIN_PEAK: usize = 64;
+    const REST: Duration = Duration::from_secs(10);
+
+    fn due(&mut self, live: usize, now: std::time::Instant) -> bool {
+        self.peak = self.peak.max(live);
+        let shrunk = self.peak >= Self::MIN_PEAK && live <= self.peak / 2;
+        let rested = self
+            .last
+            .is_none_or(|t| now.duration_since(t) >= Self::REST);
+        if shrunk && rested {
+            self.peak = live;
+            self.last = Some(now);
+        }
+        shrunk && rested
+    }
+}
+
+/// Returns the free memory of glibc's heap arenas to the operating system
+/// (`malloc_trim`); elsewhere a no-op.
+fn release_free_heap() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: `malloc_trim` takes no pointers and may be called from any
+    // thread at any time: glibc takes each arena's lock while it trims.
+    unsafe {
+        libc::malloc_trim(0);
     }
 }
 
@@ -568,4 +620,30 @@ where
     F: Fn() -> H + Send + Sync + 'static,
 {
     RewindMcp::new(engine, metrics, options, factory).router()
+}
+
+#[cfg(test)]
+mod heap_trim_tests {
+    use std::time::{Duration, Instant};
+
+    use super::HeapTrim;
+
+    #[test]
+    fn the_heap_is_trimmed_once_a_burst_has_halved_and_not_more_than_every_ten_seconds() {
+        let t0 = Instant::now();
+        let mut h = HeapTrim::default();
+        assert!(!h.due(10, t0), "too few sessions to bother");
+        assert!(!h.due(0, t0));
+        assert!(!h.due(200, t0));
+        assert!(!h.due(101, t0), "not halved yet");
+        assert!(h.due(100, t0), "halved");
+        assert!(!h.due(0, t0 + Duration::from_secs(5)), "rested too little");
+        assert!(h.due(0, t0 + Duration::from_secs(10)));
+        assert!(
+            !h.due(0, t0 + Duration::from_secs(30)),
+            "nothing fell since"
+        );
+        assert!(!h.due(300, t0 + Duration::from_secs(31)));
+        assert!(h.due(150, t0 + Duration::from_secs(32)));
+    }
 }
