@@ -30,11 +30,13 @@
 //! class of two pages or more as *seen* (a bit above the stamp in its
 //! stamp word, cleared by the next allocation or release, which rewrite
 //! the word); a segment still marked at the next pass has been free a whole
-//! interval, and its pages after the first (which holds the free list's
-//! link) are released (`madvise(MADV_DONTNEED)` on an anonymous mapping:
-//! they read as zeros and cost nothing until written again). It then goes
-//! on its class's *cold* list, which allocation takes from after the warm
-//! one. A pass owns the segments it works on (taken off the lists), so no
+//! interval. Two such buddies merge first (the pass's turn at the next
+//! class up takes the merged segment on), so the small segments of a burst
+//! end up in a few large ones; then a segment of two pages or more has its
+//! pages after the first (which holds the free list's link) released
+//! (`madvise(MADV_DONTNEED)` on an anonymous mapping: they read as zeros
+//! and cost nothing until written again) and goes on its class's *cold*
+//! list, which allocation takes from after the warm one. A pass owns the segments it works on (taken off the lists), so no
 //! allocation can write into memory being released; an allocation that
 //! finds nothing while a pass holds segments waits for the pass, so a pass
 //! never makes the pool look full. A durable pool's file pages are not
@@ -52,7 +54,7 @@ use crossbeam_utils::CachePadded;
 use super::backing::Backing;
 use super::freelist::FreeList;
 use super::layout::{SegRef, HEADER_WORDS};
-use crate::sync::{fence, spin_wait, AtomicU32, AtomicU64, Ordering};
+use crate::sync::{fence, AtomicU32, AtomicU64, Ordering, Spin};
 
 /// In a free unit's stamp word, above the stamp: a trim pass found the
 /// segment free (see the module docs, "Giving memory back"). Allocation
@@ -488,9 +490,12 @@ impl Pool {
             // a Release RMW the pops acquire), so whoever found a list empty
             // because a pass had taken it sees the pass counted, or counted
             // out again after its pushes.
+            // A pass makes up to `TRIM_PER_PASS` system calls: back off to
+            // yielding the core rather than spin through them.
+            let spin = Spin::new();
             let mut seen = self.trims.load(Ordering::Acquire);
             while seen & TRIMS_UNDER_WAY != 0 {
-                spin_wait();
+                spin.snooze();
                 seen = self.trims.load(Ordering::Acquire);
             }
             if let Some(found) = look() {
@@ -513,13 +518,11 @@ impl Pool {
         let mut budget = max_segments;
         let mut released = 0;
         let mut units = Vec::new();
-        let mut to_release = Vec::new();
+        let mut seen = Vec::new();
         // Counted in before the first take (see `past_trims`).
         self.trims.fetch_add(TRIM_STARTED | 1, Ordering::Relaxed);
-        for class in 0..=self.shape.top_class {
-            if self.shape.class_words(class) < 2 * page_words {
-                continue;
-            }
+        let top = self.shape.top_class;
+        for class in 0..=top {
             let Some(first) = self.free[class as usize].warm.take_all() else {
                 continue;
             };
@@ -527,27 +530,52 @@ impl Pool {
             self.collect_chain(first, &mut units);
             self.free_units
                 .fetch_sub((units.len() as u64) << class, Ordering::Relaxed);
-            to_release.clear();
+            seen.clear();
             // Oldest first, so the newest go back on top, as they were.
             for &unit in units.iter().rev() {
                 // The pass owns the unit now: only it touches the word.
                 let stamp = self.stamp(unit);
                 let word = stamp.load(Ordering::Relaxed);
-                if word & SEEN != 0 && budget > 0 {
-                    budget -= 1;
-                    to_release.push(unit);
+                if word & SEEN != 0 {
+                    seen.push(unit);
                 } else {
                     stamp.store(word | SEEN, Ordering::Relaxed);
                     self.push(unit, class);
                 }
             }
-            for &unit in &to_release {
-                let start = self.words_at + self.data_base + unit as usize * self.shape.unit_words;
-                // The first word is the free list's link: kept.
-                released += self
-                    .backing
-                    .release(start + 1..start + self.shape.class_words(class));
-                self.push_cold(unit, class);
+            // Free for a whole interval. Buddies that both are merge, one
+            // class up and still marked, so this pass's turn at that class
+            // takes them on (a burst's small segments end up in a few large
+            // ones, each keeping one page); the rest are released if they
+            // span two granules, else go back as they were.
+            seen.sort_unstable();
+            let size = 1u32 << class;
+            let releasable = self.shape.class_words(class) >= 2 * page_words;
+            let mut i = 0;
+            while i < seen.len() {
+                let unit = seen[i];
+                if class < top
+                    && unit.is_multiple_of(2 * size)
+                    && seen.get(i + 1) == Some(&(unit + size))
+                {
+                    self.retire(unit + size);
+                    self.push(unit, class + 1);
+                    i += 2;
+                    continue;
+                }
+                if releasable && budget > 0 {
+                    budget -= 1;
+                    let start =
+                        self.words_at + self.data_base + unit as usize * self.shape.unit_words;
+                    // The first word is the free list's link: kept.
+                    released += self
+                        .backing
+                        .release(start + 1..start + self.shape.class_words(class));
+                    self.push_cold(unit, class);
+                } else {
+                    self.push(unit, class);
+                }
+                i += 1;
             }
         }
         self.trims.fetch_sub(1, Ordering::Release);
@@ -583,12 +611,7 @@ impl Pool {
             while i < units.len() {
                 let u = units[i];
                 if u.is_multiple_of(2 * size) && units.get(i + 1) == Some(&(u + size)) {
-                    // The upper buddy disappears into the merged segment:
-                    // retire its stamp (even + 2 stays even).
-                    let upper = self.stamp(u + size);
-                    let retired = (upper.load(Ordering::Relaxed) as u32).wrapping_add(2);
-                    upper.store(u64::from(retired), Ordering::Relaxed);
-                    fence(Ordering::Release);
+                    self.retire(u + size);
                     self.push(u, class + 1);
                     i += 2;
                 } else {
@@ -597,6 +620,16 @@ impl Pool {
                 }
             }
         }
+    }
+
+    /// Retires the stamp of `unit`, the upper half of two free buddies
+    /// being merged: it disappears into the merged segment (even + 2 stays
+    /// even, and names no allocation again).
+    fn retire(&self, unit: u32) {
+        let upper = self.stamp(unit);
+        let retired = (upper.load(Ordering::Relaxed) as u32).wrapping_add(2);
+        upper.store(u64::from(retired), Ordering::Relaxed);
+        fence(Ordering::Release);
     }
 
     /// The free list of `class` looked empty just now.

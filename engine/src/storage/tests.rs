@@ -926,3 +926,34 @@ fn a_trim_pass_releases_at_most_its_budget_and_merging_takes_released_segments()
     }
     assert_eq!(p.free_bytes(), 4 * words * 8);
 }
+
+#[test]
+fn small_segments_free_for_a_whole_interval_merge_and_are_given_back_as_large_ones() {
+    let (p, top) = trimmable_pool();
+    let all = p.free_bytes();
+    let small: Vec<_> = std::iter::from_fn(|| p.alloc(0)).collect();
+    assert_eq!(small.len(), 4 << top);
+    // One stays in use: its buddies merge up to it and no further.
+    let kept = small[0];
+    for &s in &small[1..] {
+        p.free(s, 0);
+    }
+    assert_eq!(p.trim(usize::MAX), 0, "the first pass only marks");
+    let released = p.trim(usize::MAX);
+    // Three whole top-class segments, and the top-class block around the
+    // one in use as one segment of each class below it: each released in
+    // one piece wherever it spans two granules.
+    let top_bytes = p.shape().class_words(top) as u64 * 8;
+    assert!(released > 3 * top_bytes / 2, "{released} of {all}");
+    assert!(p.released_bytes() >= 3 * top_bytes);
+    // Merged segments carry retired upper stamps: every unit is handed out
+    // exactly once again, and the one in use was never touched.
+    let seg = p.segment(kept.unit, 0);
+    seg[3].store(42, crate::sync::Ordering::Relaxed);
+    let mut again: Vec<_> = std::iter::from_fn(|| p.alloc(0)).map(|s| s.unit).collect();
+    again.sort_unstable();
+    let others: Vec<u32> = (0..4 << top).filter(|&u| u != kept.unit).collect();
+    assert_eq!(again, others);
+    assert_eq!(seg[3].load(crate::sync::Ordering::Relaxed), 42);
+    assert_eq!(p.released_bytes(), 0);
+}
