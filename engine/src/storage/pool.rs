@@ -26,21 +26,24 @@
 //! Freed segments go back on their list with their pages still resident
 //! (the next allocation of the class reuses them at once). [`Pool::trim`],
 //! run by the engine's sweep, gives back the pages of segments that stayed
-//! free from one pass to the next: a pass marks every free segment of a
-//! class of two pages or more as *seen* (a bit above the stamp in its
-//! stamp word, cleared by the next allocation or release, which rewrite
-//! the word); a segment still marked at the next pass has been free a whole
-//! interval. Two such buddies merge first (the pass's turn at the next
-//! class up takes the merged segment on), so the small segments of a burst
-//! end up in a few large ones; then a segment of two pages or more has its
-//! pages after the first (which holds the free list's link) released
-//! (`madvise(MADV_DONTNEED)` on an anonymous mapping: they read as zeros
-//! and cost nothing until written again) and goes on its class's *cold*
-//! list, which allocation takes from after the warm one. A pass owns the segments it works on (taken off the lists), so no
+//! free from one pass to the next. A pass marks every free segment it finds
+//! as *seen* (a bit above the stamp in its stamp word, cleared by the next
+//! allocation or release, which rewrite the word); a segment still marked
+//! at the next pass has been free a whole interval. Two such buddies merge
+//! first (the pass's turn at the next class up takes the merged segment
+//! on), so the small segments of a burst end up in a few large ones; then
+//! a segment of two pages or more has its pages after the first (which
+//! holds the free list's link) released (`madvise(MADV_DONTNEED)` on an
+//! anonymous mapping: they read as zeros and cost nothing until written
+//! again) and goes on its class's *cold* list, which allocation takes from
+//! after the warm one. Segments freed since the last pass are not touched,
+//! so a busy pool's reuse stays warm.
+//!
+//! A pass owns the segments it works on (taken off the lists), so no
 //! allocation can write into memory being released; an allocation that
-//! finds nothing while a pass holds segments waits for the pass, so a pass
-//! never makes the pool look full. A durable pool's file pages are not
-//! released.
+//! finds nothing while a pass holds segments waits for the pass and looks
+//! again, so a pass never makes the pool look full. A durable pool's file
+//! pages are not released.
 //!
 //! # Costs
 //!
@@ -543,11 +546,12 @@ impl Pool {
                     self.push(unit, class);
                 }
             }
-            // Free for a whole interval. Buddies that both are merge, one
-            // class up and still marked, so this pass's turn at that class
-            // takes them on (a burst's small segments end up in a few large
-            // ones, each keeping one page); the rest are released if they
-            // span two granules, else go back as they were.
+            // `seen` were free for a whole interval. Two of them that are
+            // buddies merge, one class up and still marked, so this pass's
+            // turn at that class takes them on (a burst's small segments
+            // end up in a few large ones, each keeping one page); the rest
+            // are released if they span two granules, else go back as they
+            // were.
             seen.sort_unstable();
             let size = 1u32 << class;
             let releasable = self.shape.class_words(class) >= 2 * page_words;
