@@ -232,6 +232,65 @@ async fn delete_frees_the_session_and_later_requests_get_404() {
     assert_eq!(resp.status(), 404);
 }
 
+/// Once a burst's sessions are gone, the server's own sweeper gives the
+/// pool memory they used back to the operating system (free buddies merged
+/// first, so all free memory but a few small blocks ends up given back),
+/// and the server goes on serving from it.
+#[tokio::test]
+async fn the_sweeper_gives_back_the_memory_of_sessions_that_are_gone() {
+    let mut config = Config::default();
+    config.global_bytes = 64 << 20;
+    let server = start(config, McpOptions::default()).await;
+    let engine = server.mcp.engine().clone();
+    let mut sids = Vec::new();
+    for i in 0..6 {
+        let sid = server.initialize().await;
+        let events = server
+            .progress_stream(&sid, 1, 300, 0, "burst")
+            .await
+            .read_to_end()
+            .await;
+        assert!(events.last().unwrap().is_response_to(1), "session {i}");
+        sids.push(sid);
+    }
+    assert!(engine.metrics().bytes_held > 6 * 32 * 1024);
+    for sid in &sids {
+        let resp = server
+            .send(
+                server
+                    .client
+                    .delete(&server.url)
+                    .header("mcp-session-id", sid),
+            )
+            .await;
+        assert_eq!(resp.status(), 204);
+    }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let m = engine.metrics();
+        // All of it but the few blocks under two pages at the pool's end
+        // (one per class at most, 7.5 KiB), so the sessions' too.
+        let free = m.pool_bytes - m.bytes_held;
+        if m.bytes_held == 0 && m.bytes_released + 8 * 1024 >= free {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the sweeper gave too little back: {m:?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    let sid = server.initialize().await;
+    let events = server
+        .progress_stream(&sid, 2, 300, 0, "after")
+        .await
+        .read_to_end()
+        .await;
+    let progress = events.iter().filter_map(Event::progress).count();
+    assert_eq!(progress, 300);
+    assert!(events.last().unwrap().is_response_to(2));
+}
+
 #[tokio::test]
 async fn session_header_rules_for_post() {
     let server = start_default().await;
