@@ -51,6 +51,10 @@
 //! `fetch_sub` of the free counter; a split adds one CAS per level (an
 //! empty warm list adds one load, of the cold list).
 //! `free`: one store, one CAS (the push), one `fetch_add`.
+//! A trim pass (off the hot paths, once per sweep): per class one swap
+//! (the take), then per free segment one load and one CAS (back on a
+//! list), a stamp store for a newly marked one, and per released segment
+//! one `madvise` system call; two RMWs of the pass counter in all.
 
 use crossbeam_utils::CachePadded;
 
