@@ -211,8 +211,10 @@ pub struct MetricsSnapshot {
     /// Bytes of pool segments held by sessions now.
     pub bytes_held: u64,
     /// Bytes of free pool segments whose memory was given back to the
-    /// operating system (free for a whole sweep interval; see
-    /// [`Engine::sweep`](crate::Engine::sweep)): not resident until reused.
+    /// operating system because they stayed free for a whole sweep interval
+    /// (see [`Engine::sweep`](crate::Engine::sweep)), parts of the pool no
+    /// session ever used included: not resident until reused. The rest of
+    /// the free memory (`pool_bytes - bytes_held - bytes_released`) may be.
     pub bytes_released: u64,
     /// Resume decisions made.
     pub resumes: u64,

@@ -33,10 +33,10 @@ enum Owner {
     /// Miri runs without `mmap`: both get the pool on the heap.
     #[cfg(any(loom, miri))]
     Heap,
-    /// An anonymous mapping: the in-memory pool (owned only, to be unmapped
-    /// on drop).
+    /// An anonymous mapping: the in-memory pool (unmapped on drop; pages
+    /// given back with [`Backing::release`]).
     #[cfg(not(any(loom, miri)))]
-    Anon { _map: memmap2::MmapMut },
+    Anon { map: memmap2::MmapMut },
     /// A shared mapping of the pool file (durable).
     #[cfg(not(loom))]
     Mapped(memmap2::MmapMut),
@@ -92,7 +92,7 @@ impl Backing {
         Ok(Backing {
             ptr,
             len: n,
-            owner: Owner::Anon { _map: map },
+            owner: Owner::Anon { map },
         })
     }
 
@@ -201,7 +201,7 @@ impl Backing {
                 }
             }
             #[cfg(not(any(loom, miri)))]
-            Owner::Anon { _map: map } => {
+            Owner::Anon { map } => {
                 // The mapping starts on a page boundary and `start`, `end`
                 // are whole pages into it, so the kernel sees exactly this
                 // range (memmap2 widens an unaligned one down to a page).
