@@ -161,6 +161,8 @@ fn serve(args: &ServeArgs, matches: &ArgMatches) -> Result<(), BoxError> {
         }
         let admin_app = admin::router(admin_state);
 
+        // Before the URLs are printed: whoever sees them may signal at once.
+        let signals = cancel_on_signal(shutdown.clone());
         let mut out = std::io::stdout().lock();
         writeln!(out, "rewind: MCP endpoint   http://{mcp_addr}/mcp")?;
         writeln!(
@@ -208,7 +210,7 @@ fn serve(args: &ServeArgs, matches: &ArgMatches) -> Result<(), BoxError> {
                 .with_graceful_shutdown(shutdown.clone().cancelled_owned())
                 .into_future(),
         );
-        tokio::spawn(cancel_on_signal(shutdown.clone()));
+        tokio::spawn(signals);
         if let Some((store, _)) = &store {
             tokio::spawn(sync_policy_dir(
                 Arc::clone(store),
@@ -407,24 +409,45 @@ fn redact(url: &str) -> String {
     }
 }
 
-async fn cancel_on_signal(shutdown: CancellationToken) {
+/// Watches SIGTERM and SIGINT (Ctrl-C) and cancels `shutdown` when one
+/// arrives. The handlers are installed by this call, not when the future is
+/// first polled: a signal sent as soon as the server has printed its URLs
+/// must stop it gracefully, not kill it (the default action).
+fn cancel_on_signal(shutdown: CancellationToken) -> impl std::future::Future<Output = ()> {
     #[cfg(unix)]
-    {
+    let signals = {
         use tokio::signal::unix::{signal, SignalKind};
-        match signal(SignalKind::terminate()) {
-            Ok(mut term) => {
+        (
+            signal(SignalKind::terminate()),
+            signal(SignalKind::interrupt()),
+        )
+    };
+    async move {
+        #[cfg(unix)]
+        match signals {
+            (Ok(mut term), Ok(mut int)) => {
                 tokio::select! {
-                    _ = tokio::signal::ctrl_c() => {}
                     _ = term.recv() => {}
+                    _ = int.recv() => {}
                 }
             }
-            Err(e) => {
+            (Err(e), Ok(mut int)) => {
                 tracing::warn!("cannot watch SIGTERM ({e}); only Ctrl-C stops the server");
-                let _ = tokio::signal::ctrl_c().await;
+                int.recv().await;
+            }
+            (Ok(mut term), Err(e)) => {
+                tracing::warn!("cannot watch SIGINT ({e}); only SIGTERM stops the server");
+                term.recv().await;
+            }
+            (Err(e), Err(_)) => {
+                tracing::warn!(
+                    "cannot watch SIGTERM or SIGINT ({e}); stop the server with SIGKILL"
+                );
+                std::future::pending::<()>().await;
             }
         }
+        #[cfg(not(unix))]
+        let _ = tokio::signal::ctrl_c().await;
+        shutdown.cancel();
     }
-    #[cfg(not(unix))]
-    let _ = tokio::signal::ctrl_c().await;
-    shutdown.cancel();
 }

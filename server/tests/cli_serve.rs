@@ -315,6 +315,32 @@ fn sigterm_stops_the_server_promptly() {
     assert!(rest.iter().any(|l| l == "rewind: stopped"), "{rest:?}");
 }
 
+/// A SIGTERM sent the moment the server has printed its URLs (an
+/// orchestrator that saw it ready and stops it at once) is a graceful stop,
+/// not the default action's kill.
+#[cfg(target_os = "linux")]
+#[test]
+fn sigterm_right_after_the_urls_stops_the_server_gracefully() {
+    for _ in 0..5 {
+        let mut server = start(&["--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"]);
+        let pid = i32::try_from(server.child.id()).unwrap();
+        // SAFETY: `kill` takes no pointers; `pid` is our child, not reaped yet.
+        assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let status = loop {
+            if let Some(status) = server.child.try_wait().unwrap() {
+                break status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "still running 20 s after SIGTERM"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        assert!(status.success(), "{status:?}");
+    }
+}
+
 /// Sends a JSON-RPC `body` on `session` and returns the response head.
 fn post(mcp_url: &str, session: &str, body: &str) -> String {
     let (_stream, head) = raw_request(mcp_url, |host| {
