@@ -162,6 +162,11 @@ fn sigterm(server: &mut Server) -> std::process::ExitStatus {
         .status()
         .unwrap();
     assert!(killed.success());
+    exit_status_after_sigterm(server)
+}
+
+/// Waits (up to 20 s) for a server that was sent SIGTERM to exit.
+fn exit_status_after_sigterm(server: &mut Server) -> std::process::ExitStatus {
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         if let Some(status) = server.child.try_wait().unwrap() {
@@ -171,7 +176,7 @@ fn sigterm(server: &mut Server) -> std::process::ExitStatus {
             Instant::now() < deadline,
             "still running 20 s after SIGTERM"
         );
-        std::thread::sleep(Duration::from_millis(20));
+        std::thread::sleep(Duration::from_millis(10));
     }
 }
 
@@ -326,17 +331,7 @@ fn sigterm_right_after_the_urls_stops_the_server_gracefully() {
         let pid = i32::try_from(server.child.id()).unwrap();
         // SAFETY: `kill` takes no pointers; `pid` is our child, not reaped yet.
         assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
-        let deadline = Instant::now() + Duration::from_secs(20);
-        let status = loop {
-            if let Some(status) = server.child.try_wait().unwrap() {
-                break status;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "still running 20 s after SIGTERM"
-            );
-            std::thread::sleep(Duration::from_millis(10));
-        };
+        let status = exit_status_after_sigterm(&mut server);
         assert!(status.success(), "{status:?}");
     }
 }

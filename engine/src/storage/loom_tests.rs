@@ -111,6 +111,24 @@ fn loom_two_appenders_and_a_reader_across_a_segment_boundary() {
     });
 }
 
+/// A thread that reads A's first event from `wa`: it gets exactly that
+/// event (never torn, foreign or zeroed bytes) or is told it lagged.
+fn spawn_first_event_reader(p: &Arc<Pool>, wa: &Arc<Window>) -> thread::JoinHandle<()> {
+    let (p, wa) = (p.clone(), wa.clone());
+    thread::spawn(move || {
+        let mut c = wa.cursor_after(0);
+        let mut buf = Vec::new();
+        match wa.read(&p, A, &mut c, None, &mut buf) {
+            Read::Event(m) => {
+                assert_eq!(m.seq, 1);
+                assert_eq!(buf, body(0, 1), "torn, foreign or zeroed bytes");
+            }
+            Read::Lagged { missing } => assert_eq!(missing, 1),
+            other => panic!("{other:?}"),
+        }
+    })
+}
+
 #[test]
 fn loom_a_reader_racing_release_and_reuse_never_sees_the_new_owner() {
     loom::model(|| {
@@ -120,21 +138,7 @@ fn loom_a_reader_racing_release_and_reuse_never_sees_the_new_owner() {
         let wa = Arc::new(Window::new());
         let wb = Window::new();
         wa.append(&p, A, &keep(1), 0, 1, &body(0, 1), 0).unwrap();
-        let reader = {
-            let (p, wa) = (p.clone(), wa.clone());
-            thread::spawn(move || {
-                let mut c = wa.cursor_after(0);
-                let mut buf = Vec::new();
-                match wa.read(&p, A, &mut c, None, &mut buf) {
-                    Read::Event(m) => {
-                        assert_eq!(m.seq, 1);
-                        assert_eq!(buf, body(0, 1), "torn or foreign bytes");
-                    }
-                    Read::Lagged { missing } => assert_eq!(missing, 1),
-                    other => panic!("{other:?}"),
-                }
-            })
-        };
+        let reader = spawn_first_event_reader(&p, &wa);
         // A moves on to its third segment; retention (1 event) releases
         // the first; B takes it and writes there.
         wa.append(&p, A, &keep(1), 0, 2, &body(0, 2), 0).unwrap();
@@ -425,21 +429,7 @@ fn loom_a_reader_of_a_segment_being_trimmed_reads_its_event_or_lags() {
         let p = Arc::new(pool(3, 0));
         let wa = Arc::new(Window::new());
         wa.append(&p, A, &keep(1), 0, 1, &body(0, 1), 0).unwrap();
-        let reader = {
-            let (p, wa) = (p.clone(), wa.clone());
-            thread::spawn(move || {
-                let mut c = wa.cursor_after(0);
-                let mut buf = Vec::new();
-                match wa.read(&p, A, &mut c, None, &mut buf) {
-                    Read::Event(m) => {
-                        assert_eq!(m.seq, 1);
-                        assert_eq!(buf, body(0, 1), "torn or zeroed bytes");
-                    }
-                    Read::Lagged { missing } => assert_eq!(missing, 1),
-                    other => panic!("{other:?}"),
-                }
-            })
-        };
+        let reader = spawn_first_event_reader(&p, &wa);
         // A moves on to its third segment; retention (1 event) releases
         // the first, where the reader's event is; two passes give its
         // memory back (the event's mark and meta words among it).

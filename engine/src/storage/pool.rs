@@ -344,10 +344,16 @@ impl Pool {
         &self.words()[self.shape.units as usize + unit as usize]
     }
 
+    /// Where the data of `unit` starts in the pool's words.
+    #[inline]
+    fn first_word(&self, unit: u32) -> usize {
+        self.data_base + unit as usize * self.shape.unit_words
+    }
+
     /// The words of the segment of `class` at `unit`.
     #[inline]
     pub(crate) fn segment(&self, unit: u32, class: u8) -> &[AtomicU64] {
-        let start = self.data_base + unit as usize * self.shape.unit_words;
+        let start = self.first_word(unit);
         &self.words()[start..start + self.shape.class_words(class)]
     }
 
@@ -442,7 +448,7 @@ impl Pool {
     }
 
     fn link(&self, unit: u32) -> &AtomicU64 {
-        &self.words()[self.data_base + unit as usize * self.shape.unit_words]
+        &self.words()[self.first_word(unit)]
     }
 
     fn push(&self, unit: u32, class: u8) {
@@ -573,9 +579,9 @@ impl Pool {
                 }
                 if releasable && budget > 0 {
                     budget -= 1;
-                    let start =
-                        self.words_at + self.data_base + unit as usize * self.shape.unit_words;
-                    // The first word is the free list's link: kept.
+                    // In the backing's words; the first word is the free
+                    // list's link: kept.
+                    let start = self.words_at + self.first_word(unit);
                     released += self
                         .backing
                         .release(start + 1..start + self.shape.class_words(class));
