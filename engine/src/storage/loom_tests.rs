@@ -440,3 +440,53 @@ fn loom_a_reader_of_a_segment_being_trimmed_reads_its_event_or_lags() {
         reader.join().unwrap();
     });
 }
+
+#[test]
+fn loom_a_reader_waiting_at_the_end_of_a_released_segment_reads_on() {
+    loom::model(|| {
+        // One frame per segment, a retention of one event. The reader has
+        // read event 1 and waits at the end of its segment; the writer
+        // appends 2 and 3 (the install for 3 releases event 1's segment)
+        // and another session takes the freed segment. Events 2 and 3 are
+        // still held: the reader must read them, never report a gap.
+        // Three units: the other session can only take event 1's.
+        let p = Arc::new(pool(3, 0));
+        let wa = Arc::new(Window::new());
+        let k = keep(1);
+        wa.append(&p, A, &k, 0, 1, &body(0, 1), 0).unwrap();
+        let mut c = wa.cursor_after(0);
+        let mut buf = Vec::new();
+        assert!(matches!(wa.read(&p, A, &mut c, None, &mut buf), Read::Event(_)));
+        let writer = {
+            let (p, wa) = (p.clone(), wa.clone());
+            thread::spawn(move || {
+                for n in 2..=3 {
+                    wa.append(&p, A, &k, 0, 1, &body(0, n), 0).unwrap();
+                }
+                let wb = Window::new();
+                wb.append(&p, B, &k, 0, 1, &body(1, 1), 0).unwrap();
+            })
+        };
+        let reader = {
+            let (p, wa) = (p.clone(), wa.clone());
+            thread::spawn(move || {
+                let mut c = c;
+                let mut buf = Vec::new();
+                let mut next = 2;
+                while next <= 3 {
+                    match wa.read(&p, A, &mut c, None, &mut buf) {
+                        Read::Event(m) => {
+                            assert_eq!(m.seq, next);
+                            assert_eq!(buf, body(0, next), "torn, foreign or zeroed bytes");
+                            next += 1;
+                        }
+                        Read::Pending => thread::yield_now(),
+                        other => panic!("event {next}: {other:?}"),
+                    }
+                }
+            })
+        };
+        writer.join().unwrap();
+        reader.join().unwrap();
+    });
+}

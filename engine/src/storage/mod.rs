@@ -82,7 +82,14 @@
 //! never a `Pending` no append will end); copy meta, time and payload
 //! words (`Relaxed`); `fence(Acquire)`; the segment's stamp must still be
 //! the cursor's, else the segment was released under the reader and the
-//! bytes may belong to a later owner: `Lagged`, and the copy is discarded.
+//! bytes may belong to a later owner: `Lagged`, and the copy is
+//! discarded. A segment released before the reader learnt that its frame
+//! is there (its state word is no longer this allocation's) loses the
+//! frame only if the frame was in it: a reader that had read all of it and
+//! waited at its end wants the successor's first frame, which may still be
+//! held. So that reader places its cursor again by sequence number and
+//! reads on if the window still holds it (at most a few times per read,
+//! should releases keep overtaking it); only then is it `Lagged`.
 //! Within one allocation nothing is ever overwritten, so a frame whose mark
 //! was acquired and whose stamp held is exactly what its writer wrote. A
 //! cursor is positioned from whichever end of the chain is nearer (back

@@ -282,6 +282,52 @@ fn retention_releases_the_oldest_segment_and_readers_behind_lag() {
 }
 
 #[test]
+fn a_reader_at_the_end_of_a_released_segment_goes_on_in_its_successor() {
+    // The readers have read everything and wait at the end of the head
+    // segment; the next append seals it, links a successor, and retention
+    // (one event) releases it at once; another session's append reuses
+    // it. Nothing the readers want was released: they must read on in the
+    // successor, not report a gap.
+    let p = pool(64, 4);
+    let w = Window::new();
+    let other = Window::new();
+    // One 400-byte event per 512-byte segment: every append links one.
+    let k = Retention {
+        grow_class: 2,
+        first_class: 2,
+        ..keep(1, 1 << 20)
+    };
+    let mut single = w.cursor_after(0);
+    let mut batched = w.cursor_after(0);
+    let mut buf = Vec::new();
+    let (mut data, mut events) = (Vec::new(), Vec::new());
+    // Two appends between reads: the second one's install releases the
+    // segment the readers wait at the end of (an install releases what
+    // the segments after it held before the new one).
+    for round in 0..100u64 {
+        let seqs = [2 * round + 1, 2 * round + 2];
+        for seq in seqs {
+            w.append(&p, A, &k, 0, 0, &payload(seq, 400), 0).unwrap();
+            other.append(&p, B, &k, 0, 0, &payload(seq, 400), 0).unwrap();
+        }
+        for seq in seqs {
+            match w.read(&p, A, &mut single, None, &mut buf) {
+                Read::Event(m) => assert_eq!((m.seq, &buf), (seq, &payload(seq, 400))),
+                other => panic!("event {seq}: {other:?}"),
+            }
+        }
+        assert_eq!(w.read(&p, A, &mut single, None, &mut buf), Read::Pending);
+        data.clear();
+        events.clear();
+        let stopped = w.read_many(&p, A, &mut batched, 0, &mut data, &mut events, 64, 1 << 20);
+        assert_eq!(stopped, Some(Read::Pending), "round {round}");
+        let read: Vec<u64> = events.iter().map(|e| e.0).collect();
+        assert_eq!(read, seqs, "round {round}");
+    }
+    assert!(w.oldest_retained(&p) > 100, "segments were released behind the readers");
+}
+
+#[test]
 fn a_walk_from_the_oldest_end_that_retention_overtakes_does_not_report_a_gap() {
     // A reader that is descheduled after reading the oldest segment's
     // header, while retention releases that segment and the next, must not

@@ -1116,7 +1116,7 @@ impl Window {
             if end > segment.len() - (index as usize + 1) {
                 // A mark of this allocation never announces that; only a
                 // released and reused segment could show it.
-                return self.lost(cursor);
+                return self.gone(cursor);
             }
             let meta_word = segment[offset as usize + 1].load(Ordering::Relaxed);
             let appended_ms = segment[offset as usize + 2].load(Ordering::Relaxed);
@@ -1127,7 +1127,7 @@ impl Window {
                 // it, so a `skip_gap` goes on after it.
                 fence(Ordering::Acquire);
                 if pool.stamp_now(pos.seg.unit, Ordering::Relaxed) != pos.seg.stamp {
-                    return self.lost(cursor);
+                    return self.gone(cursor);
                 }
                 let missing = cursor.seq;
                 cursor.seq += 1;
@@ -1144,7 +1144,7 @@ impl Window {
             fence(Ordering::Acquire);
             if pool.stamp_now(pos.seg.unit, Ordering::Relaxed) != pos.seg.stamp {
                 buf.truncate(base);
-                return self.lost(cursor);
+                return self.gone(cursor);
             }
             let seq = cursor.seq;
             cursor.seq += 1;
@@ -1169,6 +1169,24 @@ impl Window {
     /// yet: pending, ended, or lost under the reader.
     #[inline]
     fn claimed(&self, pool: &Pool, owner: Owner, cursor: &mut Cursor) -> Claimed {
+        let mut relocations = 0;
+        macro_rules! lost {
+            () => {
+                match self.lost(pool, owner, cursor) {
+                    Some(read) => return Claimed::Not(read),
+                    None => {
+                        relocations += 1;
+                        if relocations > MAX_RELOCATIONS {
+                            cursor.at = None;
+                            return Claimed::Not(Read::Lagged {
+                                missing: cursor.seq,
+                            });
+                        }
+                        continue;
+                    }
+                }
+            };
+        }
         loop {
             let mut pos = match cursor.at {
                 Some(pos) => pos,
@@ -1192,7 +1210,7 @@ impl Window {
                 pos.seg.stamp,
             );
             let count = match state {
-                None => return Claimed::Not(self.lost(cursor)),
+                None => lost!(),
                 Some(State::Open { count, .. } | State::Last { count, .. }) => count,
                 Some(State::Next { next }) => {
                     if pos.sealed_count == UNKNOWN {
@@ -1204,7 +1222,7 @@ impl Window {
                             Some(h) if h.owner_epoch == owner.epoch && h.prev == pos.seg.pack() => {
                                 pos.sealed_count = (h.first_seq - pos.first_seq) as u32;
                             }
-                            _ => return Claimed::Not(self.lost(cursor)),
+                            _ => lost!(),
                         }
                     }
                     pos.sealed_count
@@ -1224,7 +1242,7 @@ impl Window {
                         Some(h) if is_owner(&h, owner) && h.prev == pos.seg.pack() => {
                             cursor.at = Some(Pos::start(n, &h));
                         }
-                        _ => return Claimed::Not(self.lost(cursor)),
+                        _ => lost!(),
                     }
                 }
                 Some(State::Last { .. }) => return Claimed::Not(Read::Ended),
@@ -1248,14 +1266,15 @@ impl Window {
     fn pending_or_lost(&self, pool: &Pool, cursor: &mut Cursor, pos: Pos) -> Read {
         fence(Ordering::Acquire);
         if pool.stamp_now(pos.seg.unit, Ordering::Relaxed) != pos.seg.stamp {
-            return self.lost(cursor);
+            return self.gone(cursor);
         }
         cursor.at = Some(pos);
         Read::Pending
     }
 
-    /// The cursor's segment was released (or the window closed) under it.
-    fn lost(&self, cursor: &mut Cursor) -> Read {
+    /// The segment holding the cursor's frame was released (or the window
+    /// closed) under the reader: that frame is lost to it.
+    fn gone(&self, cursor: &mut Cursor) -> Read {
         cursor.at = None;
         if self.head.load(Ordering::Acquire) == CLOSED {
             Read::Ended
@@ -1263,6 +1282,41 @@ impl Window {
             Read::Lagged {
                 missing: cursor.seq,
             }
+        }
+    }
+
+    /// The segment under the cursor was released (or the window closed)
+    /// before the reader learnt that its frame is there. That loses the
+    /// frame only if it was in that segment: a reader that had read all of
+    /// it and waited at its end — the usual place of a reader that keeps
+    /// up — wants the first frame of the successor, which the window may
+    /// well still hold. So the cursor is placed again by its sequence
+    /// number: `None` means it was, and the caller reads on; otherwise the
+    /// answer (lagged only if the window no longer holds that sequence
+    /// number).
+    fn lost(&self, pool: &Pool, owner: Owner, cursor: &mut Cursor) -> Option<Read> {
+        cursor.at = None;
+        // Most often the frame was in the released segment, and the oldest
+        // one held starts after it: no need to walk.
+        if let Some(oldest) = SegRef::unpack(self.oldest.load(Ordering::Acquire)) {
+            if let Some(h) = read_header(pool, oldest) {
+                if is_owner(&h, owner) && cursor.seq < h.first_seq {
+                    return Some(Read::Lagged {
+                        missing: cursor.seq,
+                    });
+                }
+            }
+        }
+        match self.locate(pool, owner, cursor.seq) {
+            Locate::At(pos) => {
+                cursor.at = Some(pos);
+                None
+            }
+            Locate::NotYet => Some(Read::Pending),
+            Locate::Gone => Some(Read::Lagged {
+                missing: cursor.seq,
+            }),
+            Locate::Ended => Some(Read::Ended),
         }
     }
 
@@ -1397,6 +1451,11 @@ pub(super) enum Locate {
     Gone,
     Ended,
 }
+
+/// Times one read places its cursor again after the segment under it was
+/// released (each time another release came between): past this it
+/// reports a gap rather than chase a chain released faster than it reads.
+const MAX_RELOCATIONS: u32 = 4;
 
 /// Word indices of header fields read on their own.
 const FIRST_SEQ: usize = 3;
