@@ -23,6 +23,16 @@ pub struct Config {
     pub session_events: u64,
     /// Bytes of segment memory each session retains, in the same sense.
     pub session_bytes: u64,
+    /// How far behind the writers a reader that holds its place
+    /// ([`Replay::hold`](crate::Replay::hold); `rewind serve`'s open
+    /// streams do) may fall before retention releases events it has not
+    /// read: past `session_events`/`session_bytes`, a session keeps its
+    /// oldest segment while such a reader still has to read it and the
+    /// session holds at most this many bytes of segments. So a connected
+    /// client that reads a burst more slowly than a tool writes it loses
+    /// nothing, while a session nobody reads keeps only its retention.
+    /// At least `session_bytes` (a smaller value holds nothing back).
+    pub reader_hold_bytes: u64,
     /// The pool: memory for every session's events together, allocated
     /// once (lazily committed by the OS).
     pub global_bytes: u64,
@@ -92,6 +102,7 @@ impl Default for Config {
         Config {
             session_events: 1024,
             session_bytes: 256 * 1024,
+            reader_hold_bytes: 256 * 1024,
             global_bytes: 1 << 30,
             max_segment_bytes: 64 * 1024,
             max_event_bytes: (32 << 20) - 1024,
@@ -280,6 +291,7 @@ impl Config {
             max_bytes: self.session_bytes,
             first_class: 0,
             grow_class: class_of(self.max_segment_bytes.min(MAX_SEGMENT)),
+            hold_bytes: self.reader_hold_bytes,
         }
     }
 }

@@ -69,6 +69,8 @@ pub struct Replay {
     /// replay, so they are added per batch, when the reader catches up,
     /// stops, or is dropped.
     unreported: (u64, u64),
+    /// The window's hold slot, once [`hold`](Replay::hold) got one.
+    held: Option<usize>,
 }
 
 /// The stream of a reader of every stream
@@ -105,6 +107,38 @@ impl Replay {
             handle,
             stream,
             unreported: (0, 0),
+            held: None,
+        }
+    }
+
+    /// Holds this reader's place in its session: until it is dropped,
+    /// retention keeps the events it has not read yet, even once newer
+    /// events fill the session's `session_events`/`session_bytes`, as long
+    /// as the session holds at most `reader_hold_bytes` of segments
+    /// ([`Config`](crate::Config)). Past that, or when the pool itself
+    /// must make room, events go as for any reader, and this one finds
+    /// [`ReplayError::Lagged`].
+    ///
+    /// For a reader that delivers to a connected client as events come:
+    /// a burst written faster than the client reads it is then buffered,
+    /// not dropped. Returns `false` when the session's few hold slots are
+    /// taken (the reader reads as usual, holding nothing back); `true` if
+    /// this reader already held its place.
+    pub fn hold(&mut self) -> bool {
+        if self.held.is_none() {
+            self.held = self.handle.session.window.hold(self.cursor.seq);
+        }
+        self.held.is_some()
+    }
+
+    /// Tells the window where a held reader reads next.
+    #[inline]
+    fn moved(&self) {
+        if let Some(slot) = self.held {
+            self.handle
+                .session
+                .window
+                .move_hold(slot, self.cursor.seq);
         }
     }
 
@@ -137,6 +171,7 @@ impl Replay {
             (!all).then_some(self.stream),
             buf,
         );
+        self.moved();
         match read {
             Read::Event(meta) => {
                 self.position = meta.seq;
@@ -216,6 +251,7 @@ impl Replay {
             max_events,
             max_bytes,
         );
+        self.moved();
         let n = batch.events.len();
         if let Some(&(last, _, _)) = batch.events.last() {
             self.position = last;
@@ -242,6 +278,7 @@ impl Replay {
             .oldest_retained(&self.handle.shared.pool)
             .max(self.cursor.seq);
         self.cursor = s.window.cursor_after(oldest - 1);
+        self.moved();
         oldest
     }
 
@@ -366,6 +403,9 @@ fn report(metrics: &Metrics, unreported: &mut (u64, u64)) {
 impl Drop for Replay {
     fn drop(&mut self) {
         report(&self.handle.shared.metrics, &mut self.unreported);
+        if let Some(slot) = self.held {
+            self.handle.session.window.unhold(slot);
+        }
         self.handle.session.busy.fetch_sub(1, Ordering::Relaxed);
     }
 }

@@ -584,7 +584,8 @@ impl Shared {
         deferred.retain(|d| !d.try_free(&self.pool));
     }
 
-    /// Ends expired sessions, frees deferred segments, makes room ahead of
+    /// Ends expired sessions, brings windows kept for a reader back to
+    /// their retention, frees deferred segments, makes room ahead of
     /// need when the pool is nearly full, and trims the pool (memory of
     /// segments free since the last sweep goes back to the OS). Returns the
     /// sessions ended.
@@ -594,6 +595,11 @@ impl Shared {
         self.registry.for_each(|s| {
             if self.is_expired(s, now) {
                 expired.push(s.clone());
+            } else {
+                // A window kept past its retention for a reader that held
+                // its place goes back to its retention once the reader has
+                // read on (or is gone), even if nothing is appended again.
+                s.window.retain(&self.pool, &self.keep, false);
             }
         });
         let ended = expired

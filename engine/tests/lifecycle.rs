@@ -353,6 +353,64 @@ fn lagged_reader_gets_a_typed_error_then_skips_the_gap() {
     assert_eq!(e.metrics().reader_gaps, 1);
 }
 
+#[test]
+fn a_reader_that_holds_its_place_gets_a_burst_retention_alone_would_drop() {
+    // Retention: 4 events; a reader holding its place may keep 64 KiB.
+    let mut c = config(4, 1 << 20);
+    c.reader_hold_bytes = 64 << 10;
+    let e = Engine::new(c).unwrap();
+    let s = e.open(None).unwrap();
+    let mut held = s.subscribe(0);
+    assert!(held.hold());
+    let burst_into = |s: &SessionHandle, from: u32| {
+        for i in from..from + 200 {
+            s.append(0, &i.to_le_bytes()).unwrap();
+        }
+    };
+    let burst = |from: u32| burst_into(&s, from);
+    // Nobody holds a place in another session: its reader meets a gap.
+    let other = e.open(None).unwrap();
+    let mut plain = other.subscribe(0);
+    burst_into(&other, 0);
+    assert!(matches!(
+        plain.next_into(&mut Vec::new()),
+        Err(ReplayError::Lagged { .. })
+    ));
+    burst(0);
+    let mut buf = Vec::new();
+    for i in 0..200u32 {
+        let id = held.next_into(&mut buf).unwrap().expect("kept for the held reader");
+        assert_eq!((id.seq, buf.as_slice()), (u64::from(i) + 1, &i.to_le_bytes()[..]));
+    }
+    assert_eq!(held.next_into(&mut buf).unwrap(), None);
+    // Read to the end: the window goes back to its retention at the next
+    // sweep, with nothing appended since.
+    let during = s.held_bytes();
+    e.sweep();
+    assert!(
+        s.held_bytes() < during,
+        "{} bytes after the sweep, {during} before",
+        s.held_bytes()
+    );
+    // Past `reader_hold_bytes` the held reader lags too, and the session
+    // stays within the cap (plus the segment being filled).
+    for round in 1..=20 {
+        burst(round * 200);
+        assert!(s.held_bytes() <= (64 << 10) + 4096, "{}", s.held_bytes());
+    }
+    assert!(matches!(
+        held.next_into(&mut buf),
+        Err(ReplayError::Lagged { .. })
+    ));
+    // A dropped reader gives its place back: two can hold at once.
+    drop(held);
+    let mut a = s.subscribe(0);
+    let mut b = s.subscribe(0);
+    let mut third = s.subscribe(0);
+    assert!(a.hold() && b.hold());
+    assert!(!third.hold(), "every slot taken");
+}
+
 #[derive(Default)]
 struct Observer {
     ended: Mutex<Vec<EndReason>>,

@@ -28,6 +28,7 @@ fn keep(max_events: u64) -> Retention {
         max_bytes: u64::MAX,
         first_class: 0,
         grow_class: 0,
+        hold_bytes: 0,
     }
 }
 
@@ -438,6 +439,61 @@ fn loom_a_reader_of_a_segment_being_trimmed_reads_its_event_or_lags() {
         assert_eq!(p.trim(usize::MAX), 0, "the first pass only marks");
         assert!(p.trim(usize::MAX) > 0, "the released segment is given back");
         reader.join().unwrap();
+    });
+}
+
+#[test]
+fn loom_a_reader_that_holds_its_place_loses_nothing_to_retention() {
+    loom::model(|| {
+        // One frame per segment and a retention of one event: without the
+        // hold, every append releases the segment before it.
+        let p = Arc::new(pool(4, 0));
+        let w = Arc::new(Window::new());
+        let k = Retention {
+            hold_bytes: u64::MAX,
+            ..keep(1)
+        };
+        w.append(&p, A, &k, 0, 1, &body(0, 1), 0).unwrap();
+        let c = w.cursor_after(0);
+        let slot = w.hold(c.seq).expect("a free slot");
+        let writer = {
+            let (p, w) = (p.clone(), w.clone());
+            thread::spawn(move || {
+                for n in 2..=3 {
+                    w.append(&p, A, &k, 0, 1, &body(0, n), 0).unwrap();
+                }
+            })
+        };
+        // The reader moves its hold after each read, racing the writer's
+        // releases: it must read all three, in order, and never lag. (Both
+        // racers are spawned threads: loom explores far fewer orders of
+        // one that runs on its main thread.)
+        let reader = {
+            let (p, w) = (p.clone(), w.clone());
+            thread::spawn(move || {
+                let mut c = c;
+                let mut buf = Vec::new();
+                let mut next = 1;
+                while next <= 3 {
+                    match w.read(&p, A, &mut c, None, &mut buf) {
+                        Read::Event(m) => {
+                            assert_eq!(m.seq, next);
+                            assert_eq!(buf, body(0, next), "torn, foreign or zeroed bytes");
+                            w.move_hold(slot, c.seq);
+                            next += 1;
+                        }
+                        Read::Pending => thread::yield_now(),
+                        other => panic!("event {next}: {other:?}"),
+                    }
+                }
+            })
+        };
+        writer.join().unwrap();
+        reader.join().unwrap();
+        // Read, and its place given back: retention applies again.
+        w.unhold(slot);
+        w.retain(&p, &k, false);
+        assert_eq!(w.held_units(), 1, "back to one segment");
     });
 }
 

@@ -148,6 +148,18 @@
 //! (a segment with a frame still being written is handed back as
 //! [`window::Deferred`] and freed later).
 //!
+//! A reader may *hold its place* ([`Window::hold`]): it claims one of the
+//! window's few hold slots (one CAS) and stores its next sequence number
+//! there after each read (one `Release` store, no RMW). A release that
+//! would go past the retention first loads the slots (`Acquire`) and keeps
+//! the oldest segment while a held reader has not read all of it and the
+//! window is within `hold_bytes`. The check is a hint, not a lock: a slot
+//! stored after the release loaded it does not stop the release, and that
+//! reader lags as any reader would (the stamp check is what keeps it from
+//! wrong bytes). A slot only moves forward while one reader owns it, so a
+//! stale value is an older place, which keeps more, never less. The
+//! pool's pressure path (`force`) ignores holds.
+//!
 //! Free segments keep their pages resident for the next allocation; the
 //! engine's sweep gives back the pages of segments that stayed free from
 //! one sweep to the next ([`Pool::trim`]; see [`pool`], "Giving memory

@@ -24,6 +24,7 @@ fn keep(max_events: u64, max_bytes: u64) -> Retention {
         max_bytes,
         first_class: 0,
         grow_class: 2,
+        hold_bytes: 0,
     }
 }
 
@@ -134,6 +135,7 @@ fn a_cursor_placed_by_place_reads_what_a_fresh_walk_reads() {
         max_bytes: 1 << 20,
         first_class: 0,
         grow_class: 1,
+        hold_bytes: 0,
     };
     let mut want = Vec::new();
     for seq in 1..=90u64 {
@@ -200,6 +202,7 @@ fn a_long_chain_is_read_from_its_oldest_segment_and_from_anywhere_in_it() {
         max_bytes: 1 << 20,
         first_class: 0,
         grow_class: 0,
+        hold_bytes: 0,
     };
     let mut want = Vec::new();
     for seq in 1..=300u64 {
@@ -279,6 +282,58 @@ fn retention_releases_the_oldest_segment_and_readers_behind_lag() {
     let kept = read_all(&w, &p, A, oldest - 1, None);
     assert_eq!(kept.first().map(|e| e.0), Some(oldest));
     assert_eq!(kept.last().map(|e| e.0), Some(80));
+}
+
+#[test]
+fn a_reader_that_holds_its_place_keeps_what_it_has_not_read_up_to_the_hold_cap() {
+    let p = pool(256, 4);
+    let w = Window::new();
+    let unit_bytes = 16 * 8;
+    // Retention: 8 events; a held reader may keep up to 64 units.
+    let k = Retention {
+        hold_bytes: 64 * unit_bytes,
+        ..keep(8, 1 << 20)
+    };
+    let mut held = w.cursor_after(0);
+    let slot = w.hold(held.seq).expect("a free slot");
+    let other = w.hold(1).expect("a second slot");
+    assert_eq!(w.hold(1), None, "two slots, both taken");
+    w.unhold(other);
+    for seq in 1..=40u64 {
+        w.append(&p, A, &k, 0, 0, &payload(seq, 40), 0).unwrap();
+    }
+    assert_eq!(w.oldest_retained(&p), 1, "nothing the held reader needs went");
+    assert!(u64::from(w.held_units()) * unit_bytes <= k.hold_bytes + 16 * unit_bytes);
+    // Another reader, not holding, reads the same events.
+    let all = read_all(&w, &p, A, 0, None);
+    assert_eq!(all.len(), 40);
+    // The held reader reads half, moves its hold; retention follows it.
+    let mut buf = Vec::new();
+    for seq in 1..=20u64 {
+        match w.read(&p, A, &mut held, None, &mut buf) {
+            Read::Event(m) => assert_eq!((m.seq, &buf), (seq, &payload(seq, 40))),
+            other => panic!("{seq}: {other:?}"),
+        }
+    }
+    w.move_hold(slot, held.seq);
+    w.retain(&p, &k, false);
+    let oldest = w.oldest_retained(&p);
+    assert!(oldest > 1 && oldest <= 21, "released up to the reader: {oldest}");
+    // Past the cap, retention takes what the reader has not read: it lags.
+    for seq in 41..=400u64 {
+        w.append(&p, A, &k, 0, 0, &payload(seq, 40), 0).unwrap();
+    }
+    assert!(u64::from(w.held_units()) * unit_bytes <= k.hold_bytes + 16 * unit_bytes);
+    assert!(matches!(
+        w.read(&p, A, &mut held, None, &mut buf),
+        Read::Lagged { missing: 21 }
+    ));
+    // The place given back, the window shrinks to its retention.
+    w.unhold(slot);
+    w.retain(&p, &k, false);
+    let kept = read_all(&w, &p, A, w.oldest_retained(&p) - 1, None);
+    assert!(kept.len() >= 8 && kept.len() < 40, "{} kept", kept.len());
+    assert_eq!(kept.last().map(|e| e.0), Some(400));
 }
 
 #[test]

@@ -37,6 +37,10 @@ pub(crate) struct Retention {
     pub(crate) first_class: u8,
     /// Segments grow by one class per segment up to this one.
     pub(crate) grow_class: u8,
+    /// Past `max_events`/`max_bytes`, the oldest segment is still kept
+    /// while a reader that holds its place ([`Window::hold`]) has not read
+    /// all of it, as long as the window holds at most this many bytes.
+    pub(crate) hold_bytes: u64,
 }
 
 /// Why an append stored nothing.
@@ -191,7 +195,15 @@ pub(crate) struct Window {
     /// and the hand-over bits of a single-writer window
     /// ([`WRITER_DONE`], [`CLOSE_DONE`]).
     single: AtomicU32,
+    /// The next sequence number of each reader that holds its place
+    /// ([`hold`](Self::hold)); 0 is a free slot.
+    holds: [AtomicU64; HOLD_SLOTS],
 }
+
+/// Readers of one window that can hold their place at once (a session's
+/// standalone stream and one call's stream, say). More readers read as
+/// usual, without holding anything back.
+pub(crate) const HOLD_SLOTS: usize = 2;
 
 /// The window has one writer ([`Window::append_single`]).
 const SINGLE: u32 = 1;
@@ -254,6 +266,7 @@ impl Window {
             oldest: AtomicU64::new(0),
             held_units: AtomicU32::new(0),
             single: AtomicU32::new(0),
+            holds: [AtomicU64::new(0), AtomicU64::new(0)],
         }
     }
 
@@ -285,7 +298,46 @@ impl Window {
             oldest: AtomicU64::new(oldest.pack()),
             held_units: AtomicU32::new(held_units),
             single: AtomicU32::new(0),
+            holds: [AtomicU64::new(0), AtomicU64::new(0)],
         }
+    }
+
+    /// Claims a slot for a reader whose next sequence number is `next`:
+    /// while it holds the slot, retention keeps what it has not read (up
+    /// to [`Retention::hold_bytes`]). `None` when every slot is taken.
+    ///
+    /// A hint, not a lock: a release that loaded the slots before the
+    /// claim (or before a [`move_hold`](Self::move_hold)) may still take
+    /// the reader's next segment, and the reader then finds it lagged, as
+    /// any reader would. The pool's pressure path ignores holds.
+    pub(crate) fn hold(&self, next: u64) -> Option<usize> {
+        debug_assert!(next > 0, "sequence numbers start at 1");
+        self.holds.iter().position(|slot| {
+            slot.compare_exchange(0, next, Ordering::Release, Ordering::Relaxed)
+                .is_ok()
+        })
+    }
+
+    /// Moves a held place forward to `next`.
+    #[inline]
+    pub(crate) fn move_hold(&self, slot: usize, next: u64) {
+        self.holds[slot].store(next, Ordering::Release);
+    }
+
+    /// Gives a slot back.
+    pub(crate) fn unhold(&self, slot: usize) {
+        self.holds[slot].store(0, Ordering::Release);
+    }
+
+    /// The lowest next sequence number of the readers holding their
+    /// place; `u64::MAX` when none does.
+    fn lowest_hold(&self) -> u64 {
+        self.holds
+            .iter()
+            .map(|slot| slot.load(Ordering::Acquire))
+            .filter(|&next| next != 0)
+            .min()
+            .unwrap_or(u64::MAX)
     }
 
     /// Whether the window holds no segment (nothing was ever appended, or
@@ -756,6 +808,18 @@ impl Window {
                     * pool.shape().unit_words as u64
                     * WORD_BYTES as u64;
                 if events_after < keep.max_events && bytes_after < keep.max_bytes {
+                    return released;
+                }
+                // A reader holding its place still has to read some of the
+                // oldest segment: keep it while the window is within
+                // `hold_bytes`.
+                if keep.hold_bytes > 0
+                    && u64::from(self.held_units())
+                        * pool.shape().unit_words as u64
+                        * WORD_BYTES as u64
+                        <= keep.hold_bytes
+                    && self.lowest_hold() < following.first_seq
+                {
                     return released;
                 }
             }
