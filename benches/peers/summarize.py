@@ -43,7 +43,9 @@ def mib(kib):
 
 def rss(r):
     p = r.get("server_process") or {}
-    return f"{mib(p.get('rss_before_kib'))} → {mib(p.get('rss_after_kib'))} (max {mib(p.get('rss_max_kib'))})"
+    anon = p.get("rss_anon_after_kib")
+    anon = "" if anon is None else f", anon {mib(anon)}"
+    return f"{mib(p.get('rss_before_kib'))} → {mib(p.get('rss_after_kib'))} (max {mib(p.get('rss_max_kib'))}{anon})"
 
 
 def cpu(r):
@@ -87,13 +89,13 @@ for kind in ["throughput", "resume", "storm", "adversarial", "soak", "mixed"]:
         continue
     print(f"\n### {kind}\n")
     if kind in ("throughput", "soak", "mixed"):
-        row(["case", "server", "events/s", "vs Rewind", "calls/s", "server CPU", "generator CPU", "server RSS MiB before → after", "violations", "errors"])
+        row(["case", "server", "events/s", "vs Rewind", "calls/s", "server CPU", "generator CPU", "server RSS MiB before → after (max, anon after)", "violations", "errors"])
         row(["---"] * 10)
     elif kind == "resume":
-        row(["case", "server", "events/s", "vs Rewind", "first event p50/p99 ms (0 ms delay)", "first event p50/p99 ms (50 ms delay)", "headers p99 ms (50 ms)", "server CPU", "server RSS MiB", "violations", "errors"])
+        row(["case", "server", "events/s", "vs Rewind", "first event p50/p99 ms (0 ms delay)", "first event p50/p99 ms (50 ms delay)", "headers p99 ms (50 ms)", "server CPU", "server RSS MiB before → after (max, anon after)", "violations", "errors"])
         row(["---"] * 11)
     elif kind == "storm":
-        row(["case", "server", "resumed at once", "completed", "all results in ms", "vs Rewind", "result p99 ms", "server RSS MiB", "violations", "errors"])
+        row(["case", "server", "resumed at once", "completed", "all results in ms", "vs Rewind", "result p99 ms", "server RSS MiB before → after (max, anon after)", "violations", "errors"])
         row(["---"] * 10)
     elif kind == "adversarial":
         row(["case", "server", "foreign", "future", "malformed", "stale (re-init)", "dead", "foreign events delivered", "violations", "errors"])

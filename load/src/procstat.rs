@@ -9,6 +9,11 @@ pub struct ProcSample {
     pub cpu_s: f64,
     /// Resident set size, in KiB.
     pub rss_kib: u64,
+    /// Of it, anonymous memory (heap, stacks, anonymous mappings: what the
+    /// process itself wrote), in KiB. The rest is file-backed, mostly the
+    /// program's code and read-only data, clean pages the kernel can drop
+    /// and read back. `None` on kernels without `RssAnon` (before 4.5).
+    pub rss_anon_kib: Option<u64>,
 }
 
 /// Reads process `pid` (`None`: this process). `None` if it is gone or
@@ -22,7 +27,8 @@ pub fn sample(pid: Option<u32>) -> Option<ProcSample> {
     let status = std::fs::read_to_string(format!("{dir}/status")).ok()?;
     Some(ProcSample {
         cpu_s: cpu_seconds(&stat)?,
-        rss_kib: rss_kib(&status)?,
+        rss_kib: status_kib(&status, "VmRSS:")?,
+        rss_anon_kib: status_kib(&status, "RssAnon:"),
     })
 }
 
@@ -38,8 +44,9 @@ fn cpu_seconds(stat: &str) -> Option<f64> {
     Some((utime + stime) as f64 / ticks)
 }
 
-fn rss_kib(status: &str) -> Option<u64> {
-    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+/// A `kB` field of `/proc/PID/status`, e.g. `VmRSS:`.
+fn status_kib(status: &str, field: &str) -> Option<u64> {
+    let line = status.lines().find(|l| l.starts_with(field))?;
     line.split_whitespace().nth(1)?.parse().ok()
 }
 
@@ -65,12 +72,17 @@ mod tests {
         let stat = "42 (a) b (c)) S 1 42 42 0 -1 4194304 100 0 0 0 250 50 0 0 20 0 3 0 1 2 3";
         let ticks = rustix::param::clock_ticks_per_second() as f64;
         assert_eq!(cpu_seconds(stat), Some(300.0 / ticks));
-        assert_eq!(rss_kib("Name:\tx\nVmRSS:\t  1234 kB\n"), Some(1234));
+        let status = "Name:\tx\nVmRSS:\t  1234 kB\nRssAnon:\t   234 kB\n";
+        assert_eq!(status_kib(status, "VmRSS:"), Some(1234));
+        assert_eq!(status_kib(status, "RssAnon:"), Some(234));
+        assert_eq!(status_kib(status, "RssShmem:"), None);
     }
 
     #[test]
     fn this_process_can_be_read() {
         let s = sample(None).expect("/proc/self");
         assert!(s.rss_kib > 0);
+        let anon = s.rss_anon_kib.expect("RssAnon (Linux 4.5 and later)");
+        assert!(anon > 0 && anon <= s.rss_kib, "{s:?}");
     }
 }

@@ -185,6 +185,9 @@ pub struct ProcessReport {
     pub rss_before_kib: Option<u64>,
     /// RSS when it ended, KiB.
     pub rss_after_kib: Option<u64>,
+    /// Of `rss_after_kib`, anonymous memory (what the process wrote; the
+    /// rest is file-backed, mostly code), KiB.
+    pub rss_anon_after_kib: Option<u64>,
     /// Largest RSS sampled during the load, KiB.
     pub rss_max_kib: Option<u64>,
     /// CPU microseconds per delivered event.
@@ -254,6 +257,7 @@ impl Report {
                 rss_start_kib: start.map(|p| p.rss_kib),
                 rss_before_kib: before.map(|p| p.rss_kib),
                 rss_after_kib: after.map(|p| p.rss_kib),
+                rss_anon_after_kib: after.and_then(|p| p.rss_anon_kib),
                 rss_max_kib: max,
                 cpu_us_per_event: (delivered > 0).then(|| cpu_s * 1e6 / delivered as f64),
             }
@@ -536,9 +540,14 @@ impl Report {
         let proc_line = |name: &str, p: &ProcessReport| {
             let rss = match (p.rss_before_kib, p.rss_after_kib, p.rss_max_kib) {
                 (Some(b), Some(a), m) => format!(
-                    "; RSS {:.1} → {:.1} MiB{}",
+                    "; RSS {:.1} → {:.1} MiB{}{}",
                     b as f64 / 1024.0,
                     a as f64 / 1024.0,
+                    p.rss_anon_after_kib
+                        .map_or(String::new(), |n| format!(
+                            " (anonymous {:.1})",
+                            n as f64 / 1024.0
+                        )),
                     m.map_or(String::new(), |m| format!(
                         " (max {:.1})",
                         m as f64 / 1024.0
