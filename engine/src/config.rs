@@ -101,10 +101,10 @@ impl Default for Config {
     fn default() -> Config {
         Config {
             session_events: 1024,
-            session_bytes: 256 * 1024,
+            session_bytes: 32 * 1024,
             reader_hold_bytes: 256 * 1024,
             global_bytes: 1 << 30,
-            max_segment_bytes: 64 * 1024,
+            max_segment_bytes: 8 * 1024,
             max_event_bytes: (32 << 20) - 1024,
             max_sessions: 250_000,
             max_sessions_per_principal: 10_000,

@@ -28,9 +28,10 @@
 //!
 //! [engine]
 //! session_events = 1024            # events each session keeps (at least)
-//! session_bytes = 262144           # segment bytes each session keeps (at least)
+//! session_bytes = 32768            # segment bytes each session keeps (at least)
+//! reader_hold_bytes = 262144       # kept while a connected stream still reads it
 //! global_bytes = 1073741824        # the event pool shared by all sessions
-//! max_segment_bytes = 65536        # largest segment of a session's growth
+//! max_segment_bytes = 8192         # largest segment of a session's growth
 //! max_event_bytes = 33553408       # largest single event (message)
 //! max_sessions = 250000            # sessions live at once; more get 503
 //! max_sessions_per_principal = 10000
@@ -91,13 +92,17 @@ pub struct ServeArgs {
     /// Events each session keeps, at least [default: 1024]
     #[arg(long, env = "REWIND_SESSION_EVENTS", value_name = "N")]
     pub session_events: Option<u64>,
-    /// Segment bytes each session keeps, at least [default: 262144]
+    /// Segment bytes each session keeps, at least [default: 32768]
     #[arg(long, env = "REWIND_SESSION_BYTES", value_name = "BYTES")]
     pub session_bytes: Option<u64>,
+    /// Segment bytes a session may keep while an open stream has not read
+    /// them yet [default: 262144]
+    #[arg(long, env = "REWIND_READER_HOLD_BYTES", value_name = "BYTES")]
+    pub reader_hold_bytes: Option<u64>,
     /// The event pool all sessions share: the memory budget [default: 1073741824]
     #[arg(long, env = "REWIND_GLOBAL_BYTES", value_name = "BYTES")]
     pub global_bytes: Option<u64>,
-    /// Largest segment of a session's growth, a power of two [default: 65536]
+    /// Largest segment of a session's growth, a power of two [default: 8192]
     #[arg(long, env = "REWIND_MAX_SEGMENT_BYTES", value_name = "BYTES")]
     pub max_segment_bytes: Option<usize>,
     /// Largest single event (one MCP message) [default: 33553408]
@@ -264,6 +269,8 @@ pub struct EngineFileSettings {
     pub session_events: Option<u64>,
     /// `engine.session_bytes`
     pub session_bytes: Option<u64>,
+    /// `engine.reader_hold_bytes`
+    pub reader_hold_bytes: Option<u64>,
     /// `engine.global_bytes`
     pub global_bytes: Option<u64>,
     /// `engine.max_segment_bytes`
@@ -472,6 +479,7 @@ fn flag_name(id: &'static str) -> &'static str {
         "policy_dir" => "policy-dir",
         "session_events" => "session-events",
         "session_bytes" => "session-bytes",
+        "reader_hold_bytes" => "reader-hold-bytes",
         "global_bytes" => "global-bytes",
         "max_segment_bytes" => "max-segment-bytes",
         "max_event_bytes" => "max-event-bytes",
@@ -572,6 +580,12 @@ impl Settings {
             args.session_bytes,
             e.session_bytes,
         );
+        let (reader_hold_bytes, _) = r.pick(
+            "reader_hold_bytes",
+            "REWIND_READER_HOLD_BYTES",
+            args.reader_hold_bytes,
+            e.reader_hold_bytes,
+        );
         let (global_bytes, global_origin) = r.pick(
             "global_bytes",
             "REWIND_GLOBAL_BYTES",
@@ -635,6 +649,9 @@ impl Settings {
         }
         if let Some(n) = session_bytes {
             engine.session_bytes = n;
+        }
+        if let Some(n) = reader_hold_bytes {
+            engine.reader_hold_bytes = n;
         }
         if let Some(n) = global_bytes {
             engine.global_bytes = n;

@@ -78,6 +78,10 @@ fn the_sample_loads_and_as_it_stands_is_the_defaults() {
     assert_eq!(settings.http.max_header_bytes, http.max_header_bytes);
     assert_eq!(settings.engine.session_events, defaults.session_events);
     assert_eq!(settings.engine.session_bytes, defaults.session_bytes);
+    assert_eq!(
+        settings.engine.reader_hold_bytes,
+        defaults.reader_hold_bytes
+    );
     assert_eq!(settings.engine.global_bytes, defaults.global_bytes);
     assert_eq!(
         settings.engine.max_segment_bytes,

@@ -125,13 +125,16 @@ pub(crate) struct SseReader {
 
 impl SseReader {
     pub(crate) fn new(
-        replay: Replay,
+        mut replay: Replay,
         session: Arc<McpSession>,
         opening: Vec<Bytes>,
         stops: Stops,
         metrics: Arc<ServerMetrics>,
         resumed: bool,
     ) -> SseReader {
+        // A client reading a burst more slowly than the tool writes it
+        // gets all of it (up to the engine's `reader_hold_bytes`), not a gap.
+        replay.hold();
         let kick = session.kick_token(replay.stream());
         let mut opening = opening;
         opening.reverse();
