@@ -135,10 +135,7 @@ impl Replay {
     #[inline]
     fn moved(&self) {
         if let Some(slot) = self.held {
-            self.handle
-                .session
-                .window
-                .move_hold(slot, self.cursor.seq);
+            self.handle.session.window.move_hold(slot, self.cursor.seq);
         }
     }
 

@@ -379,8 +379,14 @@ fn a_reader_that_holds_its_place_gets_a_burst_retention_alone_would_drop() {
     burst(0);
     let mut buf = Vec::new();
     for i in 0..200u32 {
-        let id = held.next_into(&mut buf).unwrap().expect("kept for the held reader");
-        assert_eq!((id.seq, buf.as_slice()), (u64::from(i) + 1, &i.to_le_bytes()[..]));
+        let id = held
+            .next_into(&mut buf)
+            .unwrap()
+            .expect("kept for the held reader");
+        assert_eq!(
+            (id.seq, buf.as_slice()),
+            (u64::from(i) + 1, &i.to_le_bytes()[..])
+        );
     }
     assert_eq!(held.next_into(&mut buf).unwrap(), None);
     // Read to the end: the window goes back to its retention at the next

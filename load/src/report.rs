@@ -543,11 +543,10 @@ impl Report {
                     "; RSS {:.1} → {:.1} MiB{}{}",
                     b as f64 / 1024.0,
                     a as f64 / 1024.0,
-                    p.rss_anon_after_kib
-                        .map_or(String::new(), |n| format!(
-                            " (anonymous {:.1})",
-                            n as f64 / 1024.0
-                        )),
+                    p.rss_anon_after_kib.map_or(String::new(), |n| format!(
+                        " (anonymous {:.1})",
+                        n as f64 / 1024.0
+                    )),
                     m.map_or(String::new(), |m| format!(
                         " (max {:.1})",
                         m as f64 / 1024.0

@@ -512,7 +512,10 @@ fn loom_a_reader_waiting_at_the_end_of_a_released_segment_reads_on() {
         wa.append(&p, A, &k, 0, 1, &body(0, 1), 0).unwrap();
         let mut c = wa.cursor_after(0);
         let mut buf = Vec::new();
-        assert!(matches!(wa.read(&p, A, &mut c, None, &mut buf), Read::Event(_)));
+        assert!(matches!(
+            wa.read(&p, A, &mut c, None, &mut buf),
+            Read::Event(_)
+        ));
         let writer = {
             let (p, wa) = (p.clone(), wa.clone());
             thread::spawn(move || {

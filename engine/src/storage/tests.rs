@@ -302,7 +302,11 @@ fn a_reader_that_holds_its_place_keeps_what_it_has_not_read_up_to_the_hold_cap()
     for seq in 1..=40u64 {
         w.append(&p, A, &k, 0, 0, &payload(seq, 40), 0).unwrap();
     }
-    assert_eq!(w.oldest_retained(&p), 1, "nothing the held reader needs went");
+    assert_eq!(
+        w.oldest_retained(&p),
+        1,
+        "nothing the held reader needs went"
+    );
     assert!(u64::from(w.held_units()) * unit_bytes <= k.hold_bytes + 16 * unit_bytes);
     // Another reader, not holding, reads the same events.
     let all = read_all(&w, &p, A, 0, None);
@@ -318,7 +322,10 @@ fn a_reader_that_holds_its_place_keeps_what_it_has_not_read_up_to_the_hold_cap()
     w.move_hold(slot, held.seq);
     w.retain(&p, &k, false);
     let oldest = w.oldest_retained(&p);
-    assert!(oldest > 1 && oldest <= 21, "released up to the reader: {oldest}");
+    assert!(
+        oldest > 1 && oldest <= 21,
+        "released up to the reader: {oldest}"
+    );
     // Past the cap, retention takes what the reader has not read: it lags.
     for seq in 41..=400u64 {
         w.append(&p, A, &k, 0, 0, &payload(seq, 40), 0).unwrap();
@@ -363,7 +370,9 @@ fn a_reader_at_the_end_of_a_released_segment_goes_on_in_its_successor() {
         let seqs = [2 * round + 1, 2 * round + 2];
         for seq in seqs {
             w.append(&p, A, &k, 0, 0, &payload(seq, 400), 0).unwrap();
-            other.append(&p, B, &k, 0, 0, &payload(seq, 400), 0).unwrap();
+            other
+                .append(&p, B, &k, 0, 0, &payload(seq, 400), 0)
+                .unwrap();
         }
         for seq in seqs {
             match w.read(&p, A, &mut single, None, &mut buf) {
@@ -379,7 +388,10 @@ fn a_reader_at_the_end_of_a_released_segment_goes_on_in_its_successor() {
         let read: Vec<u64> = events.iter().map(|e| e.0).collect();
         assert_eq!(read, seqs, "round {round}");
     }
-    assert!(w.oldest_retained(&p) > 100, "segments were released behind the readers");
+    assert!(
+        w.oldest_retained(&p) > 100,
+        "segments were released behind the readers"
+    );
 }
 
 #[test]
