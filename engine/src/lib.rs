@@ -82,7 +82,7 @@ pub use crate::{
         CursorFact, NativePolicy, Policy, PolicyAnswer, PolicyFault, ResumeFacts, SessionFact,
         Verdict,
     },
-    replay::{Batch, Replay, ReplayError},
+    replay::{Batch, Hold, Replay, ReplayError},
     resume::{Decided, Rejection, ResumeAction, ResumeDecision, ResumeRequest, Signal, SignalKind},
     session::{Attachment, EndReason, Waiter},
     shared::OpenError,

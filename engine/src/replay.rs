@@ -73,6 +73,47 @@ pub struct Replay {
     held: Option<usize>,
 }
 
+/// A place held in a session without a reader: retention keeps the events
+/// after it as for a reader that holds its place ([`Replay::hold`]), up
+/// to `reader_hold_bytes`, until the `Hold` is dropped. For a consumer
+/// that reads in rounds with a new reader each time (a cluster node
+/// copying a session into Redis) and must not lose what it has not copied
+/// yet. From [`SessionHandle::hold_after`].
+#[derive(Debug)]
+pub struct Hold {
+    handle: SessionHandle,
+    slot: usize,
+}
+
+impl Hold {
+    /// Everything up to sequence number `after` is consumed: hold the
+    /// place after it. Only ever moves forward.
+    pub fn advance(&self, after: u64) {
+        self.handle
+            .session
+            .window
+            .move_hold(self.slot, after.saturating_add(1));
+    }
+}
+
+impl Drop for Hold {
+    fn drop(&mut self) {
+        self.handle.session.window.unhold(self.slot);
+    }
+}
+
+impl SessionHandle {
+    /// Holds the place after sequence number `after` (see [`Hold`]).
+    /// `None` when the session's hold slots are all taken.
+    pub fn hold_after(&self, after: u64) -> Option<Hold> {
+        let slot = self.session.window.hold(after.saturating_add(1))?;
+        Some(Hold {
+            handle: self.clone(),
+            slot,
+        })
+    }
+}
+
 /// The stream of a reader of every stream
 /// ([`SessionHandle::subscribe_all`](crate::SessionHandle::subscribe_all)).
 pub(crate) const ALL_STREAMS: u32 = crate::session::NO_STREAM;

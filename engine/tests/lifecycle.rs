@@ -408,13 +408,59 @@ fn a_reader_that_holds_its_place_gets_a_burst_retention_alone_would_drop() {
         held.next_into(&mut buf),
         Err(ReplayError::Lagged { .. })
     ));
-    // A dropped reader gives its place back: two can hold at once.
+    // A dropped reader gives its place back: three can hold at once (a
+    // `Hold` without a reader takes a slot too).
     drop(held);
     let mut a = s.subscribe(0);
     let mut b = s.subscribe(0);
-    let mut third = s.subscribe(0);
+    let mut fourth = s.subscribe(0);
     assert!(a.hold() && b.hold());
-    assert!(!third.hold(), "every slot taken");
+    let place = s.hold_after(0).expect("a third slot");
+    assert!(!fourth.hold(), "every slot taken");
+    drop(place);
+    assert!(fourth.hold());
+}
+
+#[test]
+fn a_place_held_without_a_reader_keeps_what_comes_after_it_until_it_moves() {
+    let mut c = config(4, 1 << 20);
+    c.reader_hold_bytes = 64 << 10;
+    let e = Engine::new(c).unwrap();
+    let s = e.open(None).unwrap();
+    // A consumer that reads in rounds, each with a new reader (a cluster
+    // node copying into Redis), holds its place between them.
+    let place = s.hold_after(0).unwrap();
+    for i in 0..100u32 {
+        s.append(0, &i.to_le_bytes()).unwrap();
+    }
+    let mut round = s.subscribe_all(0);
+    let mut buf = Vec::new();
+    let mut copied = 0;
+    while let Some(id) = round.next_into(&mut buf).unwrap() {
+        assert_eq!(id.seq, copied + 1);
+        copied = id.seq;
+    }
+    drop(round);
+    assert_eq!(copied, 100, "nothing released before it was read");
+    // Moved on: what it consumed may go; what follows is held again.
+    place.advance(copied);
+    e.sweep();
+    let moved_on = s.held_bytes();
+    for i in 100..200u32 {
+        s.append(0, &i.to_le_bytes()).unwrap();
+    }
+    let mut round = s.subscribe_all(copied);
+    assert!(
+        matches!(round.next_into(&mut buf), Ok(Some(id)) if id.seq == 101),
+        "held from where it moved to"
+    );
+    drop(round);
+    let held = s.held_bytes();
+    assert!(held > moved_on, "{held} ≤ {moved_on}");
+    // Dropped: retention alone (4 events) applies at the next sweep.
+    drop(place);
+    e.sweep();
+    assert!(s.held_bytes() < held, "{} ≥ {held}", s.held_bytes());
 }
 
 #[derive(Default)]

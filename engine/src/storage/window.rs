@@ -200,10 +200,10 @@ pub(crate) struct Window {
     holds: [AtomicU64; HOLD_SLOTS],
 }
 
-/// Readers of one window that can hold their place at once (a session's
-/// standalone stream and one call's stream, say). More readers read as
-/// usual, without holding anything back.
-pub(crate) const HOLD_SLOTS: usize = 2;
+/// Places that can be held in one window at once (a session's standalone
+/// stream, one call's stream, and a cluster node's copy into Redis, say).
+/// More readers read as usual, without holding anything back.
+pub(crate) const HOLD_SLOTS: usize = 3;
 
 /// The window has one writer ([`Window::append_single`]).
 const SINGLE: u32 = 1;
@@ -266,7 +266,7 @@ impl Window {
             oldest: AtomicU64::new(0),
             held_units: AtomicU32::new(0),
             single: AtomicU32::new(0),
-            holds: [AtomicU64::new(0), AtomicU64::new(0)],
+            holds: std::array::from_fn(|_| AtomicU64::new(0)),
         }
     }
 
@@ -298,7 +298,7 @@ impl Window {
             oldest: AtomicU64::new(oldest.pack()),
             held_units: AtomicU32::new(held_units),
             single: AtomicU32::new(0),
-            holds: [AtomicU64::new(0), AtomicU64::new(0)],
+            holds: std::array::from_fn(|_| AtomicU64::new(0)),
         }
     }
 

@@ -10,8 +10,10 @@
 //! record names this node's boot), all the sessions of a round in one
 //! pipeline. A round that fails is retried as it is until Redis answers
 //! (entries Redis has already are skipped), so nothing is written twice or
-//! out of order. Events the engine released before they could be
-//! copied (Redis unreachable for longer than the session retains) leave a
+//! out of order. The replicator holds each session's place after what it
+//! copied ([`Hold`]), so retention keeps what is not copied yet, up to the
+//! engine's `reader_hold_bytes`; events released before they could be
+//! copied all the same (Redis unreachable for longer than that) leave a
 //! jump in the sequence numbers, which readers report as a `gap`.
 
 use std::collections::VecDeque;
@@ -19,7 +21,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use rewind_engine::{ReplayError, SessionHandle};
+use rewind_engine::{Hold, ReplayError, SessionHandle};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
@@ -76,6 +78,11 @@ struct State {
     last_control: (u64, u64),
     /// The end is written: nothing more to do.
     done: bool,
+    /// The place after `copied`, held so that retention keeps what is not
+    /// copied yet (up to the engine's `reader_hold_bytes`) while Redis is
+    /// slower than the appends. `None` once done, or when the session's
+    /// hold slots were all taken.
+    hold: Option<Hold>,
 }
 
 impl SessionReplica {
@@ -90,6 +97,7 @@ impl SessionReplica {
                 // last of them: this node's come after any of those.
                 copied: handle.high_water(),
                 last_control: (handle.high_water(), ADOPTED_CONTROLS),
+                hold: handle.hold_after(handle.high_water()),
                 ..State::default()
             }),
         })
@@ -238,7 +246,9 @@ pub(crate) async fn run(cluster: Cluster, mut rx: Receiver, shutdown: Cancellati
                 // Another node owns it now (this one stalled past its
                 // heartbeat), it ended elsewhere, or this incarnation was
                 // replaced by a re-initialisation: this copy must go.
-                s.lock().done = true;
+                let mut st = s.lock();
+                st.done = true;
+                st.hold = None;
                 if s.handle.is_ended() {
                     continue;
                 }
@@ -317,6 +327,10 @@ fn collect(
         }
     }
     let copied = st.copied;
+    if let Some(hold) = &st.hold {
+        // Copied out of the engine: a failed round is retried from `cmd`.
+        hold.advance(copied);
+    }
     ops += flush_controls(&mut st, copied, &mut cmd);
     let end_queued = st.controls.iter().any(|(_, c)| matches!(c, Control::End));
     if ended || end_queued && !more {
@@ -326,6 +340,7 @@ fn collect(
         ops += 1;
         st.controls.clear();
         st.done = true;
+        st.hold = None;
     }
     (ops > 0).then_some((cmd, n, more))
 }
