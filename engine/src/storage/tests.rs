@@ -298,7 +298,9 @@ fn a_reader_that_holds_its_place_keeps_what_it_has_not_read_up_to_the_hold_cap()
     let slot = w.hold(held.seq).expect("a free slot");
     let others = [w.hold(1), w.hold(1)].map(|o| o.expect("more slots"));
     assert_eq!(w.hold(1), None, "three slots, all taken");
-    others.map(|o| w.unhold(o));
+    for o in others {
+        w.unhold(o);
+    }
     for seq in 1..=40u64 {
         w.append(&p, A, &k, 0, 0, &payload(seq, 40), 0).unwrap();
     }
