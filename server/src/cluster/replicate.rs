@@ -246,9 +246,13 @@ pub(crate) async fn run(cluster: Cluster, mut rx: Receiver, shutdown: Cancellati
                 // Another node owns it now (this one stalled past its
                 // heartbeat), it ended elsewhere, or this incarnation was
                 // replaced by a re-initialisation: this copy must go.
-                let mut st = s.lock();
-                st.done = true;
-                st.hold = None;
+                {
+                    // Not held past here: closing the session below ends
+                    // it, and its end adds a control entry (a lock again).
+                    let mut st = s.lock();
+                    st.done = true;
+                    st.hold = None;
+                }
                 if s.handle.is_ended() {
                     continue;
                 }
