@@ -353,12 +353,16 @@ fn lagged_reader_gets_a_typed_error_then_skips_the_gap() {
     assert_eq!(e.metrics().reader_gaps, 1);
 }
 
-#[test]
-fn a_reader_that_holds_its_place_gets_a_burst_retention_alone_would_drop() {
-    // Retention: 4 events; a reader holding its place may keep 64 KiB.
+/// Retention: 4 events; a place held may keep up to 64 KiB.
+fn engine_with_holds() -> Engine {
     let mut c = config(4, 1 << 20);
     c.reader_hold_bytes = 64 << 10;
-    let e = Engine::new(c).unwrap();
+    Engine::new(c).unwrap()
+}
+
+#[test]
+fn a_reader_that_holds_its_place_gets_a_burst_retention_alone_would_drop() {
+    let e = engine_with_holds();
     let s = e.open(None).unwrap();
     let mut held = s.subscribe(0);
     assert!(held.hold());
@@ -423,9 +427,7 @@ fn a_reader_that_holds_its_place_gets_a_burst_retention_alone_would_drop() {
 
 #[test]
 fn a_place_held_without_a_reader_keeps_what_comes_after_it_until_it_moves() {
-    let mut c = config(4, 1 << 20);
-    c.reader_hold_bytes = 64 << 10;
-    let e = Engine::new(c).unwrap();
+    let e = engine_with_holds();
     let s = e.open(None).unwrap();
     // A consumer that reads in rounds, each with a new reader (a cluster
     // node copying into Redis), holds its place between them.

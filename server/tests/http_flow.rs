@@ -243,21 +243,26 @@ async fn delete_frees_the_session_and_later_requests_get_404() {
 async fn the_sweeper_gives_back_the_memory_of_sessions_that_are_gone() {
     let mut config = Config::default();
     config.global_bytes = 64 << 20;
+    let retention = config.session_bytes;
     let server = start(config, McpOptions::default()).await;
     let engine = server.mcp.engine().clone();
-    let mut sids = Vec::new();
-    for i in 0..6 {
+    // A new session that streams a call of 300 notifications to the end.
+    let streamed = async |id: i64, label: &str| {
         let sid = server.initialize().await;
         let events = server
-            .progress_stream(&sid, 1, 300, 0, "burst")
+            .progress_stream(&sid, id, 300, 0, label)
             .await
             .read_to_end()
             .await;
-        assert!(events.last().unwrap().is_response_to(1), "session {i}");
-        sids.push(sid);
+        assert!(events.last().unwrap().is_response_to(id), "{label}");
+        (sid, events)
+    };
+    let mut sids = Vec::new();
+    for _ in 0..6 {
+        sids.push(streamed(1, "burst").await.0);
     }
     let held = engine.metrics().bytes_held;
-    assert!(held >= 6 * 32 * 1024, "{held}");
+    assert!(held >= 6 * retention, "{held}");
     for sid in &sids {
         let resp = server
             .send(
@@ -284,15 +289,9 @@ async fn the_sweeper_gives_back_the_memory_of_sessions_that_are_gone() {
         );
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }
-    let sid = server.initialize().await;
-    let events = server
-        .progress_stream(&sid, 2, 300, 0, "after")
-        .await
-        .read_to_end()
-        .await;
+    let (_, events) = streamed(2, "after").await;
     let progress = events.iter().filter_map(Event::progress).count();
     assert_eq!(progress, 300);
-    assert!(events.last().unwrap().is_response_to(2));
 }
 
 #[tokio::test]

@@ -442,6 +442,39 @@ fn loom_a_reader_of_a_segment_being_trimmed_reads_its_event_or_lags() {
     });
 }
 
+/// A thread that reads A's stream-0 events from `cursor` through `last`,
+/// waiting (yielding) while they are pending: each must be exactly the
+/// event written, in order, and no read may lag. With `hold`, it moves
+/// that hold slot after each read.
+fn spawn_reader_of_every_event(
+    p: &Arc<Pool>,
+    w: &Arc<Window>,
+    cursor: Cursor,
+    last: u64,
+    hold: Option<usize>,
+) -> thread::JoinHandle<()> {
+    let (p, w) = (p.clone(), w.clone());
+    thread::spawn(move || {
+        let mut c = cursor;
+        let mut buf = Vec::new();
+        let mut next = c.seq;
+        while next <= last {
+            match w.read(&p, A, &mut c, None, &mut buf) {
+                Read::Event(m) => {
+                    assert_eq!(m.seq, next);
+                    assert_eq!(buf, body(0, next), "torn, foreign or zeroed bytes");
+                    if let Some(slot) = hold {
+                        w.move_hold(slot, c.seq);
+                    }
+                    next += 1;
+                }
+                Read::Pending => thread::yield_now(),
+                other => panic!("event {next}: {other:?}"),
+            }
+        }
+    })
+}
+
 #[test]
 fn loom_a_reader_that_holds_its_place_loses_nothing_to_retention() {
     loom::model(|| {
@@ -468,26 +501,7 @@ fn loom_a_reader_that_holds_its_place_loses_nothing_to_retention() {
         // releases: it must read all three, in order, and never lag. (Both
         // racers are spawned threads: loom explores far fewer orders of
         // one that runs on its main thread.)
-        let reader = {
-            let (p, w) = (p.clone(), w.clone());
-            thread::spawn(move || {
-                let mut c = c;
-                let mut buf = Vec::new();
-                let mut next = 1;
-                while next <= 3 {
-                    match w.read(&p, A, &mut c, None, &mut buf) {
-                        Read::Event(m) => {
-                            assert_eq!(m.seq, next);
-                            assert_eq!(buf, body(0, next), "torn, foreign or zeroed bytes");
-                            w.move_hold(slot, c.seq);
-                            next += 1;
-                        }
-                        Read::Pending => thread::yield_now(),
-                        other => panic!("event {next}: {other:?}"),
-                    }
-                }
-            })
-        };
+        let reader = spawn_reader_of_every_event(&p, &w, c, 3, Some(slot));
         writer.join().unwrap();
         reader.join().unwrap();
         // Read, and its place given back: retention applies again.
@@ -526,25 +540,7 @@ fn loom_a_reader_waiting_at_the_end_of_a_released_segment_reads_on() {
                 wb.append(&p, B, &k, 0, 1, &body(1, 1), 0).unwrap();
             })
         };
-        let reader = {
-            let (p, wa) = (p.clone(), wa.clone());
-            thread::spawn(move || {
-                let mut c = c;
-                let mut buf = Vec::new();
-                let mut next = 2;
-                while next <= 3 {
-                    match wa.read(&p, A, &mut c, None, &mut buf) {
-                        Read::Event(m) => {
-                            assert_eq!(m.seq, next);
-                            assert_eq!(buf, body(0, next), "torn, foreign or zeroed bytes");
-                            next += 1;
-                        }
-                        Read::Pending => thread::yield_now(),
-                        other => panic!("event {next}: {other:?}"),
-                    }
-                }
-            })
-        };
+        let reader = spawn_reader_of_every_event(&p, &wa, c, 3, None);
         writer.join().unwrap();
         reader.join().unwrap();
     });
