@@ -129,7 +129,10 @@
 //! on (Boehm's seqlock reader pattern: "Can seqlocks get along with
 //! programming language memory models?", 2012). A reader that loaded any
 //! word written by a later owner and then fenced (Acquire) observes the new
-//! stamp. State words carry 21 bits of the stamp and marks and table
+//! stamp. Stamps also grow across the segments that cover a unit's
+//! memory in turn (split and merged; the pool docs, "Stamps"), so a mark
+//! or table entry an earlier owner left never carries the stamp of the
+//! segment that now holds it. State words carry 21 bits of the stamp and marks and table
 //! entries 32, and every state change of a shared window is a CAS, so an
 //! appender that slept through a release and reuse fails its CAS instead
 //! of writing into the new owner's segment (a single writer's head is

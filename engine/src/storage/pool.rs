@@ -21,6 +21,18 @@
 //! a later owner and then issues `fence(Acquire)` sees the bump (see the
 //! storage module docs, "Reuse is detected").
 //!
+//! Marks and table entries carry a stamp but no unit, and a segment's
+//! memory may still hold the words of a larger segment that covered it
+//! before a split, or of smaller ones merged into it. So stamps also grow
+//! across the segments that cover a unit: a split raises the upper half's
+//! stamp to the lower's, a merge raises the lower buddy's to the retired
+//! upper's. A free segment's stamp is then at least the stamp of every
+//! allocation that ever covered any of its units, and its next allocation's
+//! is above them all: no word an earlier owner left carries the stamp of
+//! the segment that now holds it. (Stamps are 32 bits: that holds for 2^31
+//! allocations of a unit's memory, after which a stale word would also
+//! have to survive at the place a new frame is looked for.)
+//!
 //! # Giving memory back
 //!
 //! Freed segments go back on their list with their pages still resident
@@ -291,6 +303,13 @@ impl Pool {
                     unit.is_multiple_of(n) && unit + n <= units && all_free(unit, n)
                 })
                 .expect("class 0 fits a free unit");
+            // The block's memory holds what its units' earlier segments
+            // wrote: its stamp goes up to the highest of theirs.
+            let highest = (unit..unit + (1 << class))
+                .map(|u| self.stamp_now(u as u32, Ordering::Relaxed))
+                .max()
+                .expect("a block has a unit");
+            self.raise(unit as u32, highest);
             self.push(unit as u32, class);
             unit += 1 << class;
         }
@@ -416,8 +435,11 @@ impl Pool {
             .or_else(|| self.carve().map(|u| (u, top)))?;
         while have > class {
             have -= 1;
-            // Keep the lower half, free the upper one.
-            self.push(unit + (1 << have), have);
+            // Keep the lower half, free the upper one, whose memory the
+            // lower's allocations covered: its stamp goes up to theirs.
+            let upper = unit + (1 << have);
+            self.raise(upper, self.stamp_now(unit, Ordering::Relaxed));
+            self.push(upper, have);
         }
         Some(unit)
     }
@@ -572,7 +594,7 @@ impl Pool {
                     && unit.is_multiple_of(2 * size)
                     && seen.get(i + 1) == Some(&(unit + size))
                 {
-                    self.retire(unit + size);
+                    self.merge(unit, unit + size);
                     self.push(unit, class + 1);
                     i += 2;
                     continue;
@@ -625,7 +647,7 @@ impl Pool {
             while i < units.len() {
                 let u = units[i];
                 if u.is_multiple_of(2 * size) && units.get(i + 1) == Some(&(u + size)) {
-                    self.retire(u + size);
+                    self.merge(u, u + size);
                     self.push(u, class + 1);
                     i += 2;
                 } else {
@@ -636,14 +658,31 @@ impl Pool {
         }
     }
 
-    /// Retires the stamp of `unit`, the upper half of two free buddies
-    /// being merged: it disappears into the merged segment (even + 2 stays
-    /// even, and names no allocation again).
-    fn retire(&self, unit: u32) {
-        let upper = self.stamp(unit);
-        let retired = (upper.load(Ordering::Relaxed) as u32).wrapping_add(2);
-        upper.store(u64::from(retired), Ordering::Relaxed);
+    /// Merges the free buddies `lower` and `upper` (the caller owns both):
+    /// the upper's stamp is retired — it disappears into the merged
+    /// segment (even + 2 stays even, and names no allocation again) — and
+    /// the lower's raised to it, so the merged segment's next stamp is
+    /// above every stamp either half had (see "Stamps").
+    fn merge(&self, lower: u32, upper: u32) {
+        let word = self.stamp(upper);
+        let retired = (word.load(Ordering::Relaxed) as u32).wrapping_add(2);
+        word.store(u64::from(retired), Ordering::Relaxed);
+        self.raise(lower, retired);
         fence(Ordering::Release);
+    }
+
+    /// Raises the stamp of the free unit `unit` (owned by the caller) to
+    /// `floor` if it is below, keeping the rest of its word (the trim
+    /// pass's mark). `floor` is a free unit's stamp, so even.
+    fn raise(&self, unit: u32, floor: u32) {
+        let word = self.stamp(unit);
+        let w = word.load(Ordering::Relaxed);
+        if (w as u32) < floor {
+            word.store(
+                w & !u64::from(u32::MAX) | u64::from(floor),
+                Ordering::Relaxed,
+            );
+        }
     }
 
     /// The free list of `class` looked empty just now.

@@ -465,6 +465,142 @@ fn a_released_segment_reused_by_another_owner_is_never_read_as_ours() {
     }
 }
 
+/// A segment's memory may hold words of a larger segment that covered it
+/// before a split (or of smaller ones merged into it). Their marks carry
+/// that allocation's stamp and no unit: were the new segment's stamp equal
+/// to it, a frame claimed but not yet written would read as the stale
+/// frame under it — another session's event. Stamps grow across the
+/// allocations that cover a unit, so it reads as pending.
+#[test]
+fn a_stale_mark_from_a_segment_that_covered_this_one_is_never_read_as_a_frame() {
+    use super::layout::State;
+    use crate::sync::Ordering;
+    // 32-word units: room in unit 1 for B's second frame.
+    let p = Pool::new(PoolShape {
+        units: 4,
+        unit_words: 32,
+        top_class: 2,
+    })
+    .unwrap();
+    let wa = Window::new();
+    let whole = Retention {
+        first_class: 2,
+        ..keep(1 << 20, 1 << 20)
+    };
+    // A's one class-2 segment covers units 0..4. Its second frame starts
+    // at word 44: unit 1's word 12, where B's second frame will go.
+    wa.append(&p, A, &whole, 0, 0, &payload(1, 33 * 8), 0)
+        .unwrap();
+    wa.append(&p, A, &whole, 0, 0, b"AAAAAAAA", 0).unwrap();
+    let a_head = SegRef::unpack(wa.head_word()).unwrap();
+    assert_eq!((a_head.unit, a_head.stamp), (0, 1));
+    assert!(wa.close(&p).is_empty());
+    // Splitting A's segment: unit 0 goes to this allocation, unit 1 to B.
+    let lower = p.alloc(0).unwrap();
+    assert_eq!(lower.unit, 0);
+    let wb = Window::new();
+    let k = keep(1 << 20, 1 << 20);
+    wb.append(&p, B, &k, 0, 0, b"one", 0).unwrap();
+    let b_head = SegRef::unpack(wb.head_word()).unwrap();
+    assert_eq!(b_head.unit, 1);
+    assert!(
+        b_head.stamp > a_head.stamp,
+        "B's stamp {} must be above that of A's segment, which covered its unit ({})",
+        b_head.stamp,
+        a_head.stamp
+    );
+    let mut c = wb.cursor_after(0);
+    let mut buf = Vec::new();
+    assert!(matches!(
+        wb.read(&p, B, &mut c, None, &mut buf),
+        Read::Event(_)
+    ));
+    // A writer claims B's second frame and has not written it yet.
+    let word = p.state(b_head.unit).load(Ordering::Relaxed);
+    let Some(State::Open { count, used }) = State::decode(word, b_head.stamp) else {
+        panic!("open head")
+    };
+    let claimed = State::Open {
+        count: count + 1,
+        used: used + 4,
+    }
+    .encode(b_head.stamp);
+    p.state(b_head.unit).store(claimed, Ordering::Relaxed);
+    let read = wb.read(&p, B, &mut c, None, &mut buf);
+    assert_eq!(read, Read::Pending, "read {buf:?}");
+}
+
+/// Whatever the order of allocations, frees, splits and merges, a new
+/// allocation's stamp is above the stamp of every allocation that covered
+/// any of its units before (the property the test above relies on).
+#[test]
+fn every_allocation_stamp_is_above_those_that_covered_its_units_before() {
+    let (units, top) = (16u32, 3u8);
+    let p = pool(units, top);
+    let mut covered = vec![0u32; units as usize];
+    let mut live: Vec<(SegRef, u8)> = Vec::new();
+    let mut rng = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = move || {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng
+    };
+    let rounds = if cfg!(miri) { 300 } else { 20_000 };
+    for _ in 0..rounds {
+        match next() % 8 {
+            0..=3 => {
+                let class = (next() % u64::from(top + 1)) as u8;
+                if let Some(seg) = p.alloc(class) {
+                    let span = seg.unit as usize..(seg.unit + (1 << class)) as usize;
+                    let before = covered[span.clone()].iter().copied().max().unwrap();
+                    assert!(
+                        seg.stamp > before,
+                        "unit {} class {class}: stamp {} after {before}",
+                        seg.unit,
+                        seg.stamp
+                    );
+                    covered[span].fill(seg.stamp);
+                    live.push((seg, class));
+                }
+            }
+            4..=5 if !live.is_empty() => {
+                let (seg, class) = live.swap_remove((next() % live.len() as u64) as usize);
+                p.free(seg, class);
+            }
+            // A trim pass merges buddies free since its previous pass.
+            7 => {
+                p.trim(TRIM_PER_PASS);
+            }
+            _ => p.coalesce(),
+        }
+    }
+}
+
+/// Recovery hands the free units of a file back as large blocks; a
+/// block's stamp starts above those its units had, for the same reason.
+#[test]
+fn a_recovered_free_block_is_stamped_above_every_unit_in_it() {
+    use crate::sync::Ordering::Relaxed;
+    let shape = PoolShape {
+        units: 4,
+        unit_words: 16,
+        top_class: 2,
+    };
+    let p = Pool::over(
+        super::backing::Backing::in_memory(shape.total_words()).unwrap(),
+        shape,
+    );
+    // Unit 1 was a segment's head six stamps ago; unit 2 was owned when the
+    // process died.
+    p.stamp(1).store(6, Relaxed);
+    p.stamp(2).store(9, Relaxed);
+    p.free_unused(&[false; 4], 0);
+    let whole = p.alloc(2).expect("the four units are one free block");
+    assert_eq!(whole.unit, 0);
+    assert!(whole.stamp > 10, "stamp {}", whole.stamp);
+}
+
 #[test]
 fn close_frees_everything_and_ends_readers_and_writers() {
     let p = pool(64, 4);
