@@ -32,11 +32,14 @@
 //!    (`AcqRel`). The winner swings the session's `head` to the successor
 //!    (CAS; any appender that sees a sealed head helps, as in a
 //!    Michael–Scott queue) and then applies retention. A loser keeps its
-//!    fresh segment as a spare for its next try.
+//!    fresh segment as a spare for its next try. Before it allocates, an
+//!    appender applies retention too, and waits if the window is twice
+//!    over it behind an unfinished frame ("Release and retention" below).
 //!
 //! A session's first segment is installed by CAS on `oldest` (the winner
-//! then publishes `head`; other appenders wait for it with backoff — the
-//! one place an appender waits for another).
+//! then publishes `head`; other appenders wait for it with backoff). That
+//! and the bound just named are the two places an appender waits for
+//! another.
 //!
 //! Cost of an append into a segment with room, uncontended: three loads,
 //! one CAS (the only locked RMW), the frame's stores and one `Release`
@@ -150,6 +153,17 @@
 //! and `oldest` to `CLOSED`, seals the head as *last*, and frees the chain
 //! (a segment with a frame still being written is handed back as
 //! [`window::Deferred`] and freed later).
+//!
+//! A frame claimed but not yet marked keeps its segment — and so every
+//! segment after it, since releases go oldest first — from being released.
+//! Its writer is inside a copy that takes no lock, but the operating system
+//! may deschedule it there for a whole time slice, and with several
+//! writers per session the others go on appending meanwhile. So the window
+//! may grow past its retention behind such a frame up to twice it; an
+//! appender that would grow it further waits (`Backoff`, then yields) for
+//! that writer instead. Without the bound one preempted writer let its
+//! session fill the pool. A single-writer window finishes each frame before
+//! it moves on and never waits here.
 //!
 //! A reader may *hold its place* ([`Window::hold`]): it claims one of the
 //! window's few hold slots (one CAS) and stores its next sequence number

@@ -671,6 +671,77 @@ fn a_frame_claimed_but_not_published_defers_the_free() {
 }
 
 #[test]
+#[cfg_attr(miri, ignore = "waits on a thread for real time")]
+fn appenders_behind_a_stalled_writer_stop_at_twice_the_retention_instead_of_filling_the_pool() {
+    // A writer stopped between its claim and its mark (claimed by hand, as
+    // above) keeps its segment, and so every later one, from being
+    // released. Another writer goes on appending: the window may grow to
+    // twice its retention, then the appender waits rather than taking the
+    // whole pool.
+    use super::layout::State;
+    use crate::sync::Ordering;
+    use std::sync::atomic::AtomicU64;
+    let p = pool(256, 3);
+    let total = p.free_bytes();
+    let w = Window::new();
+    let k = keep(8, 1 << 20);
+    w.append(&p, A, &k, 0, 0, b"one", 0).unwrap();
+    let head = SegRef::unpack(w.head_word()).unwrap();
+    let word = p.state(head.unit).load(Ordering::Relaxed);
+    let Some(State::Open { count, used }) = State::decode(word, head.stamp) else {
+        panic!("open head")
+    };
+    let stalled = State::Open {
+        count: count + 1,
+        used: used + 32,
+    };
+    p.state(head.unit)
+        .store(stalled.encode(head.stamp), Ordering::Relaxed);
+    let appended = AtomicU64::new(0);
+    std::thread::scope(|s| {
+        let appender = s.spawn(|| {
+            for seq in 0..10_000 {
+                match w.append(&p, A, &k, 0, 0, &payload(seq, 50), 0) {
+                    Ok(_) => appended.fetch_add(1, Ordering::Relaxed),
+                    Err(e) => return e,
+                };
+            }
+            panic!("10,000 appends went through behind a stalled writer")
+        });
+        // Give the appender time to run into the bound (bounded: 2 s).
+        let mut last = u64::MAX;
+        for _ in 0..200 {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+            let now = appended.load(Ordering::Relaxed);
+            if now == last && now > 0 {
+                break;
+            }
+            last = now;
+        }
+        assert!(!appender.is_finished(), "the appender stopped: {:?}", {
+            let n = appended.load(Ordering::Relaxed);
+            (n, p.free_bytes())
+        });
+        let n = appended.load(Ordering::Relaxed);
+        // The stalled segment holds a few events; after it, up to twice the
+        // retention (16) plus the segment whose install reached that.
+        assert!(
+            (16..=40).contains(&n),
+            "{n} events appended behind the stalled writer"
+        );
+        assert!(
+            p.free_bytes() > total / 2,
+            "the window took {} of {total} bytes",
+            total - p.free_bytes()
+        );
+        // The close ends the waiting appender.
+        let deferred = w.close(&p);
+        assert_eq!(appender.join().unwrap(), AppendFailure::Ended);
+        assert_eq!(deferred.len(), 1, "only the stalled segment is kept");
+    });
+}
+
+#[test]
 fn stress_two_writers_one_reader_with_retention() {
     let per_writer: u64 = if cfg!(miri) { 40 } else { 20_000 };
     let p = std::sync::Arc::new(pool(if cfg!(miri) { 32 } else { 512 }, 4));

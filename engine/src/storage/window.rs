@@ -160,6 +160,19 @@ pub(crate) enum Read {
     Ended,
 }
 
+/// What a pass of [`Window::release_oldest`] did.
+#[derive(Clone, Copy, Debug, Default)]
+struct Released {
+    /// Units released.
+    units: u32,
+    /// The window holds twice its retention (or more) after its oldest
+    /// segment, which it cannot release because a writer that claimed a
+    /// frame there has not finished it. Appenders that would grow the
+    /// window wait instead: without that, one writer descheduled in the
+    /// middle of a frame lets the others fill the whole pool.
+    stalled: bool,
+}
+
 /// A segment of a closed window that still had a frame being written; the
 /// closer could not free it yet.
 #[derive(Clone, Copy, Debug)]
@@ -460,6 +473,16 @@ impl Window {
                         spin.snooze();
                         continue;
                     }
+                    // A writer preempted between its claim and its mark
+                    // holds back the release of its segment and of every
+                    // one after it. The others grow the window past its
+                    // retention meanwhile, up to twice it; then they wait
+                    // for that writer, which is inside a copy that takes no
+                    // lock and ends as soon as it runs again.
+                    if self.release_oldest(pool, keep, false, false).stalled {
+                        spin.snooze();
+                        continue;
+                    }
                     let Some((seg, next_class)) = take_spare(pool, &mut spare, wanted, need_class)
                     else {
                         // Retention runs on every install, but a writer
@@ -622,7 +645,7 @@ impl Window {
             if let Some(got) = take_spare(pool, &mut None, wanted, need_class) {
                 break got;
             }
-            if self.release_oldest(pool, keep, false, true) == 0 {
+            if self.release_oldest(pool, keep, false, true).units == 0 {
                 return Err(AppendFailure::PoolFull { class: need_class });
             }
         };
@@ -763,14 +786,20 @@ impl Window {
     /// `keep` (or, with `force`, releases one oldest segment that is not the
     /// head whatever `keep` says). Returns the units released.
     pub(crate) fn retain(&self, pool: &Pool, keep: &Retention, force: bool) -> u32 {
-        self.release_oldest(pool, keep, force, false)
+        self.release_oldest(pool, keep, force, false).units
     }
 
     /// [`retain`](Self::retain), told by a live single writer that every
     /// frame before the head is published (it finished each before it
     /// moved on): no need to check the marks of the segment released.
-    fn release_oldest(&self, pool: &Pool, keep: &Retention, force: bool, written: bool) -> u32 {
-        let mut released = 0;
+    fn release_oldest(
+        &self,
+        pool: &Pool,
+        keep: &Retention,
+        force: bool,
+        written: bool,
+    ) -> Released {
+        let mut released = Released::default();
         loop {
             let oldest_word = self.oldest.load(Ordering::Acquire);
             let head_word = self.head.load(Ordering::Acquire);
@@ -802,11 +831,19 @@ impl Window {
                 return released;
             }
             let old_units = 1u32 << old.class();
+            // What would be left after the release; the pressure path
+            // (`force`) does not ask.
+            let (events_after, bytes_after) = if force {
+                (0, 0)
+            } else {
+                (
+                    (self.high_water(pool) + 1).saturating_sub(following.first_seq),
+                    u64::from(self.held_units().saturating_sub(old_units))
+                        * pool.shape().unit_words as u64
+                        * WORD_BYTES as u64,
+                )
+            };
             if !force {
-                let events_after = (self.high_water(pool) + 1).saturating_sub(following.first_seq);
-                let bytes_after = u64::from(self.held_units().saturating_sub(old_units))
-                    * pool.shape().unit_words as u64
-                    * WORD_BYTES as u64;
                 if events_after < keep.max_events && bytes_after < keep.max_bytes {
                     return released;
                 }
@@ -825,7 +862,11 @@ impl Window {
             }
             if !written && !all_published(pool, oldest, old.class(), count as u32) {
                 // A writer that claimed a frame there has not finished; the
-                // next install tries again.
+                // next install tries again. Past twice the retention, the
+                // appenders wait for it (see `Released::stalled`).
+                released.stalled = !force
+                    && (events_after >= keep.max_events.saturating_mul(2)
+                        || bytes_after >= keep.max_bytes.saturating_mul(2));
                 return released;
             }
             if self
@@ -840,7 +881,7 @@ impl Window {
             {
                 self.held_units.fetch_sub(old_units, Ordering::Relaxed);
                 pool.free(oldest, old.class());
-                released += old_units;
+                released.units += old_units;
                 if force {
                     return released;
                 }
