@@ -135,7 +135,24 @@
 //! stamp. Stamps also grow across the segments that cover a unit's
 //! memory in turn (split and merged; the pool docs, "Stamps"), so a mark
 //! or table entry an earlier owner left never carries the stamp of the
-//! segment that now holds it. State words carry 21 bits of the stamp and marks and table
+//! segment that now holds it.
+//!
+//! That is not enough on its own: a reader that finds a frame claimed
+//! loads its mark (and its table entry) before the writer may have stored
+//! them, and an earlier owner's *other* words have the same shape — a meta
+//! word is `stream << 32 | check`, payload is any bytes — so one could
+//! read as a mark of the current stamp (seen: a stale meta word of stream
+//! 3 read as an empty frame of a segment stamped 3, after which the
+//! reader's offsets were wrong and its stream stalled). So a segment's
+//! words after its header are zeroed when it is prepared, before it is
+//! linked (published with its header; one `Relaxed` store per word, about
+//! as much as writing the segment's frames once more). Zero is no mark and
+//! no entry (owned stamps are odd), and each word is then written only by
+//! the one writer whose frame or table entry it is: a reader loads zero or
+//! that writer's word. Recovery zeroes a restored head after its valid
+//! frames the same way.
+//!
+//! State words carry 21 bits of the stamp and marks and table
 //! entries 32, and every state change of a shared window is a CAS, so an
 //! appender that slept through a release and reuse fails its CAS instead
 //! of writing into the new owner's segment (a single writer's head is

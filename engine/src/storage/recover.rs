@@ -489,19 +489,15 @@ fn placeholder(segment: &[AtomicU64], stamp: u32, index: usize, at: usize, words
     segment[at].store(mark(stamp, len as u32), Ordering::Relaxed);
 }
 
-/// Rewinds the head `c` to its valid prefix: state, and zeroed words where
-/// the unfinished frames and their table entries were.
+/// Rewinds the head `c` to its valid prefix: state, and zeroed words
+/// everywhere after it — the unfinished frames, their table entries, and
+/// the room no frame had claimed yet (appends go on there, and a reader
+/// must find zeros where the next marks will be, as in a new segment; a
+/// file written before segments were zeroed may hold anything there).
 fn rewind(pool: &Pool, c: &Candidate, count: u32, p: &Prefix) {
     let segment = pool.segment(c.seg.unit, c.class);
-    let used_end = match State::decode(pool.state(c.seg.unit).load(Ordering::Relaxed), c.seg.stamp)
-    {
-        Some(State::Open { used, .. } | State::Last { used, .. }) => {
-            HEADER_WORDS + used as usize / WORD_BYTES
-        }
-        _ => p.end,
-    };
     let table_low = segment.len() - count as usize;
-    for w in &segment[p.end..used_end.min(table_low).max(p.end)] {
+    for w in &segment[p.end..table_low.max(p.end)] {
         w.store(0, Ordering::Relaxed);
     }
     for w in &segment[table_low..segment.len() - p.valid as usize] {

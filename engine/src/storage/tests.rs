@@ -534,6 +534,70 @@ fn a_stale_mark_from_a_segment_that_covered_this_one_is_never_read_as_a_frame() 
 /// allocation's stamp is above the stamp of every allocation that covered
 /// any of its units before (the property the test above relies on).
 #[test]
+fn a_claimed_frame_reads_as_pending_until_written_whatever_its_words_held_before() {
+    // A reader that finds a frame claimed loads its mark before the writer
+    // may have stored it. Whatever an earlier owner left in those words —
+    // payload can be any bytes, and a meta word `stream << 32 | check` has
+    // the shape of a mark — must not pass for this allocation's mark: here
+    // every data word of the freed unit is made to look like a mark (and
+    // the table slots like entries) of the stamp its next allocation gets.
+    use super::layout::{mark, table_entry, State};
+    use crate::sync::Ordering;
+    let p = Pool::new(PoolShape {
+        units: 1,
+        unit_words: 64,
+        top_class: 0,
+    })
+    .unwrap();
+    let k = keep(1 << 20, 1 << 20);
+    let wa = Window::new();
+    wa.append(&p, A, &k, 0, 0, b"first owner", 0).unwrap();
+    assert!(wa.close(&p).is_empty());
+    let next = p.stamp_now(0, Ordering::Relaxed) + 1;
+    let words = p.segment(0, 0);
+    let (data, table) = words[HEADER_WORDS..].split_at(64 - HEADER_WORDS - 4);
+    for w in data {
+        w.store(mark(next, 8), Ordering::Relaxed);
+    }
+    for w in table {
+        w.store(
+            table_entry(next, HEADER_WORDS as u32 + 4),
+            Ordering::Relaxed,
+        );
+    }
+    let wb = Window::new();
+    wb.append(&p, B, &k, 1, 0, b"b's one", 0).unwrap();
+    let head = SegRef::unpack(wb.head_word()).unwrap();
+    assert_eq!((head.unit, head.stamp), (0, next), "the same memory");
+    // B's second frame: claimed (by hand, as a writer does with its CAS),
+    // not written yet.
+    let Some(State::Open { count, used }) =
+        State::decode(p.state(0).load(Ordering::Relaxed), head.stamp)
+    else {
+        panic!("open head")
+    };
+    let claimed = State::Open {
+        count: count + 1,
+        used: used + 32,
+    };
+    p.state(0)
+        .store(claimed.encode(head.stamp), Ordering::Relaxed);
+    let mut c = wb.cursor_after(0);
+    let mut buf = Vec::new();
+    assert!(matches!(
+        wb.read(&p, B, &mut c, None, &mut buf),
+        Read::Event(m) if m.seq == 1
+    ));
+    assert_eq!(buf, b"b's one");
+    // A fresh cursor finds the offset in the table instead.
+    let mut fresh = wb.cursor_after(1);
+    for c in [&mut c, &mut fresh] {
+        let read = wb.read(&p, B, c, None, &mut buf);
+        assert!(matches!(read, Read::Pending), "{read:?}: {buf:?}");
+    }
+}
+
+#[test]
 fn every_allocation_stamp_is_above_those_that_covered_its_units_before() {
     let (units, top) = (16u32, 3u8);
     let p = pool(units, top);

@@ -1633,11 +1633,22 @@ pub(super) fn init_segment(
     #[cfg(loom)]
     PREPARED.with(|p| p.borrow_mut().push((owner, first_seq)));
     // Relaxed: published by the CAS that links the segment (Release).
-    for (w, v) in pool.segment(seg.unit, class)[..HEADER_WORDS]
-        .iter()
-        .zip(header.to_words())
-    {
+    let segment = pool.segment(seg.unit, class);
+    for (w, v) in segment[..HEADER_WORDS].iter().zip(header.to_words()) {
         w.store(v, Ordering::Relaxed);
+    }
+    // The rest is zeroed: a reader that finds a frame claimed loads its
+    // mark (and, not knowing its offset, its table entry) before the
+    // writer may have stored them, and what it loads then must not pass
+    // for them. A word an earlier owner left there could — a meta word
+    // `stream << 32 | check`, or any payload, has the same shape as a mark
+    // `stamp << 32 | len` — and the stamp check after the copy cannot see
+    // it, since the stamp has not changed. Zero is never a mark or an
+    // entry (stamps of owned segments are odd). So every word of the
+    // segment is either zero or written by this allocation's writers, each
+    // word by the one writer whose frame or table entry it is.
+    for w in &segment[HEADER_WORDS..] {
+        w.store(0, Ordering::Relaxed);
     }
     pool.state(seg.unit).store(
         State::Open { count: 0, used: 0 }.encode(seg.stamp),
