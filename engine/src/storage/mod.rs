@@ -45,7 +45,10 @@
 //! one CAS (the only locked RMW), the frame's stores and one `Release`
 //! store. No fence. (The engine adds its wake-up check, `Session::wake`:
 //! one `AcqRel` RMW of the session's waiter count that leaves it unchanged
-//! — a locked instruction on x86, no fence.)
+//! — a locked instruction on x86, no fence.) Opening the next segment adds
+//! the allocation, the seal and head CASes, and the zeroing of the new
+//! segment (below, "Reuse is detected"): about one more store per word
+//! appended.
 //!
 //! # Append by a single writer
 //!
