@@ -132,7 +132,7 @@ fn readers_of_sessions_sharing_a_churning_pool_get_only_their_own_whole_events_o
                     o.append(t, &payload(200, 0, i * 64 + k + 1)).unwrap();
                 }
                 o.close();
-                if i % 200 == 0 {
+                if i.is_multiple_of(200) {
                     churn.sweep();
                 }
                 i += 1;
@@ -192,7 +192,7 @@ fn a_reader_following_a_writer_through_retention_reads_every_event_whole() {
             scope.spawn(move || {
                 for k in 1..=EVENTS {
                     w.append(stream, &progress(k)).unwrap();
-                    if k % 97 == 0 {
+                    if k.is_multiple_of(97) {
                         std::thread::yield_now();
                     }
                 }
