@@ -54,6 +54,24 @@ fn read_all(
     }
 }
 
+/// Claims the next frame of `head` (an open segment) as a writer's CAS
+/// would, `bytes` of it, without writing it: a writer stopped between its
+/// claim and its mark.
+fn claim_unwritten(p: &Pool, head: SegRef, bytes: u32) {
+    use super::layout::State;
+    use crate::sync::Ordering;
+    let word = p.state(head.unit).load(Ordering::Relaxed);
+    let Some(State::Open { count, used }) = State::decode(word, head.stamp) else {
+        panic!("open head")
+    };
+    let claimed = State::Open {
+        count: count + 1,
+        used: used + bytes,
+    };
+    p.state(head.unit)
+        .store(claimed.encode(head.stamp), Ordering::Relaxed);
+}
+
 #[test]
 fn alloc_splits_and_coalesce_merges_back() {
     let p = pool(8, 3);
@@ -473,8 +491,6 @@ fn a_released_segment_reused_by_another_owner_is_never_read_as_ours() {
 /// allocations that cover a unit, so it reads as pending.
 #[test]
 fn a_stale_mark_from_a_segment_that_covered_this_one_is_never_read_as_a_frame() {
-    use super::layout::State;
-    use crate::sync::Ordering;
     // 32-word units: room in unit 1 for B's second frame.
     let p = Pool::new(PoolShape {
         units: 4,
@@ -516,16 +532,7 @@ fn a_stale_mark_from_a_segment_that_covered_this_one_is_never_read_as_a_frame() 
         Read::Event(_)
     ));
     // A writer claims B's second frame and has not written it yet.
-    let word = p.state(b_head.unit).load(Ordering::Relaxed);
-    let Some(State::Open { count, used }) = State::decode(word, b_head.stamp) else {
-        panic!("open head")
-    };
-    let claimed = State::Open {
-        count: count + 1,
-        used: used + 4,
-    }
-    .encode(b_head.stamp);
-    p.state(b_head.unit).store(claimed, Ordering::Relaxed);
+    claim_unwritten(&p, b_head, 4);
     let read = wb.read(&p, B, &mut c, None, &mut buf);
     assert_eq!(read, Read::Pending, "read {buf:?}");
 }
@@ -541,7 +548,7 @@ fn a_claimed_frame_reads_as_pending_until_written_whatever_its_words_held_before
     // the shape of a mark — must not pass for this allocation's mark: here
     // every data word of the freed unit is made to look like a mark (and
     // the table slots like entries) of the stamp its next allocation gets.
-    use super::layout::{mark, table_entry, State};
+    use super::layout::{mark, table_entry};
     use crate::sync::Ordering;
     let p = Pool::new(PoolShape {
         units: 1,
@@ -571,17 +578,7 @@ fn a_claimed_frame_reads_as_pending_until_written_whatever_its_words_held_before
     assert_eq!((head.unit, head.stamp), (0, next), "the same memory");
     // B's second frame: claimed (by hand, as a writer does with its CAS),
     // not written yet.
-    let Some(State::Open { count, used }) =
-        State::decode(p.state(0).load(Ordering::Relaxed), head.stamp)
-    else {
-        panic!("open head")
-    };
-    let claimed = State::Open {
-        count: count + 1,
-        used: used + 32,
-    };
-    p.state(0)
-        .store(claimed.encode(head.stamp), Ordering::Relaxed);
+    claim_unwritten(&p, head, 32);
     let mut c = wb.cursor_after(0);
     let mut buf = Vec::new();
     assert!(matches!(
@@ -710,24 +707,13 @@ fn too_large_and_pool_full_store_nothing() {
 fn a_frame_claimed_but_not_published_defers_the_free() {
     // Simulate a writer stopped between its claim and its mark by claiming
     // through the state word by hand.
-    use super::layout::State;
-    use crate::sync::Ordering;
     let p = pool(8, 3);
     let total = p.free_bytes();
     let w = Window::new();
     let k = keep(1 << 20, 1 << 20);
     w.append(&p, A, &k, 0, 0, b"one", 0).unwrap();
     let head = SegRef::unpack(w.head_word()).unwrap();
-    let word = p.state(head.unit).load(Ordering::Relaxed);
-    let Some(State::Open { count, used }) = State::decode(word, head.stamp) else {
-        panic!("open head")
-    };
-    let claimed = State::Open {
-        count: count + 1,
-        used: used + 32,
-    }
-    .encode(head.stamp);
-    p.state(head.unit).store(claimed, Ordering::Relaxed);
+    claim_unwritten(&p, head, 32);
     let deferred = w.close(&p);
     assert_eq!(deferred.len(), 1);
     assert!(p.free_bytes() < total);
@@ -742,7 +728,6 @@ fn appenders_behind_a_stalled_writer_stop_at_twice_the_retention_instead_of_fill
     // released. Another writer goes on appending: the window may grow to
     // twice its retention, then the appender waits rather than taking the
     // whole pool.
-    use super::layout::State;
     use crate::sync::Ordering;
     use std::sync::atomic::AtomicU64;
     let p = pool(256, 3);
@@ -751,16 +736,7 @@ fn appenders_behind_a_stalled_writer_stop_at_twice_the_retention_instead_of_fill
     let k = keep(8, 1 << 20);
     w.append(&p, A, &k, 0, 0, b"one", 0).unwrap();
     let head = SegRef::unpack(w.head_word()).unwrap();
-    let word = p.state(head.unit).load(Ordering::Relaxed);
-    let Some(State::Open { count, used }) = State::decode(word, head.stamp) else {
-        panic!("open head")
-    };
-    let stalled = State::Open {
-        count: count + 1,
-        used: used + 32,
-    };
-    p.state(head.unit)
-        .store(stalled.encode(head.stamp), Ordering::Relaxed);
+    claim_unwritten(&p, head, 32);
     let appended = AtomicU64::new(0);
     std::thread::scope(|s| {
         let appender = s.spawn(|| {
