@@ -214,7 +214,7 @@ fn loom_an_appender_never_numbers_a_segment_from_a_reused_head() {
         let wa = Arc::new(Window::new());
         wa.append(&p, A, &keep(1), 0, 1, &body(0, 1), 0).unwrap();
         let b0 = p.alloc(0).unwrap();
-        window::init_segment(&p, b0, 0, B, 1000, window::NO_SEG, 0);
+        window::init_segment(&p, b0, 0, B, 1000, window::NO_SEG, 0, window::Writers::Many);
         let wb = Arc::new(Window::restored(b0, b0, 1));
         assert_eq!(wb.append(&p, B, &keep(1), 9, 1, &body(9, 0), 0), Ok(1000));
 
@@ -376,6 +376,61 @@ fn loom_a_reader_of_a_single_writer_across_a_segment_boundary() {
             let seq = w.append_single(&p, A, &keep(8), &mut sw, 0, 1, &body(0, n), 0);
             assert_eq!(seq, Ok(n));
         }
+        reader.join().unwrap();
+        w.writer_done(&p, &mut sw);
+    });
+}
+
+/// A single writer's segment is not zeroed when prepared: the writer
+/// stores each frame whole and then claims it (Release), and a reader loads
+/// the words of claimed frames only (after an Acquire of the claim). So a
+/// reader racing the writer never loads what an earlier owner left in the
+/// segment, even where that looks exactly like the frame it waits for:
+/// here every word of the unit is one of the next allocation's marks or
+/// table entries. (With the claim stored first, as the shared path does,
+/// or stored `Relaxed`, the model fails: the reader delivers the planted
+/// words as event 1.)
+#[test]
+fn loom_a_reader_racing_a_single_writer_never_reads_an_earlier_owners_words() {
+    use super::layout::{mark, table_entry, SegRef, HEADER_WORDS};
+    use crate::sync::Ordering;
+    loom::model(|| {
+        let p = Arc::new(pool(1, 0));
+        let wb = Window::new();
+        wb.append(&p, B, &keep(8), 1, 1, &body(1, 1), 0).unwrap();
+        assert!(wb.close(&p).is_empty());
+        let next = p.stamp_now(0, Ordering::Relaxed) + 1;
+        let words = p.segment(0, 0);
+        let (data, table) = words[HEADER_WORDS..].split_at(words.len() - HEADER_WORDS - 1);
+        for w in data {
+            w.store(mark(next, 5), Ordering::Relaxed);
+        }
+        table[0].store(table_entry(next, HEADER_WORDS as u32), Ordering::Relaxed);
+        let w = Arc::new(Window::new_single());
+        let reader = {
+            let (p, w) = (p.clone(), w.clone());
+            thread::spawn(move || {
+                let mut c = w.cursor_after(0);
+                let mut buf = Vec::new();
+                for _ in 0..2 {
+                    match w.read(&p, A, &mut c, None, &mut buf) {
+                        Read::Event(m) => {
+                            assert_eq!(m.seq, 1);
+                            assert_eq!(buf, body(0, 1), "the writer's bytes, not the planted ones");
+                            return;
+                        }
+                        Read::Pending => {}
+                        other => panic!("{other:?}"),
+                    }
+                }
+            })
+        };
+        let mut sw = SingleWriter::new();
+        assert_eq!(
+            w.append_single(&p, A, &keep(8), &mut sw, 0, 1, &body(0, 1), 0),
+            Ok(1)
+        );
+        assert_eq!(SegRef::unpack(w.head_word()).map(|s| s.stamp), Some(next));
         reader.join().unwrap();
         w.writer_done(&p, &mut sw);
     });

@@ -57,11 +57,18 @@
 //! shared appends are refused until the writer is gone). The writer keeps
 //! its own copy of the head segment's place, claims and first sequence
 //! number, so an append into a head with room is: one `Relaxed` load of
-//! `head` (to see a close), the state word *stored* with the new claims
-//! (`Relaxed`, as the CAS was), the frame's stores and its `Release` mark.
-//! No RMW, no fence. A full head costs the allocation, the seal (a
-//! `Release` store: nobody else writes a live writer's head state) and a
-//! CAS of `head`, which fails only if a close came first.
+//! `head` (to see a close), the frame's stores and its mark, and then the
+//! state word *stored* with the new claims (`Release`: a reader that loads
+//! the claim sees the whole frame). No RMW, no fence. Because the writer
+//! claims a frame only once it is written, no reader ever loads a word of
+//! a single writer's segment that the writer has not stored, so its
+//! segments are not zeroed when prepared (below, "Reuse is detected"); a
+//! writer that hands the session back to shared appends zeroes what is
+//! left of its head first. Loom model
+//! `loom_a_reader_racing_a_single_writer_never_reads_an_earlier_owners_words`.
+//! A full head costs the allocation, the seal (a `Release` store: nobody
+//! else writes a live writer's head state) and a CAS of `head`, which
+//! fails only if a close came first.
 //!
 //! Plain stores into the head are safe because a close never frees a live
 //! writer's head: it frees the chain up to the head it swapped out, then
@@ -146,14 +153,15 @@
 //! word is `stream << 32 | check`, payload is any bytes — so one could
 //! read as a mark of the current stamp (seen: a stale meta word of stream
 //! 3 read as an empty frame of a segment stamped 3, after which the
-//! reader's offsets were wrong and its stream stalled). So a segment's
-//! words after its header are zeroed when it is prepared, before it is
-//! linked (published with its header; one `Relaxed` store per word, about
-//! as much as writing the segment's frames once more). Zero is no mark and
-//! no entry (owned stamps are odd), and each word is then written only by
-//! the one writer whose frame or table entry it is: a reader loads zero or
-//! that writer's word. Recovery zeroes a restored head after its valid
-//! frames the same way.
+//! reader's offsets were wrong and its stream stalled). So a shared
+//! window's segment has its words after the header zeroed when it is
+//! prepared, before it is linked (published with its header; one `Relaxed`
+//! store per word, about as much as writing the segment's frames once
+//! more). Zero is no mark and no entry (owned stamps are odd), and each
+//! word is then written only by the one writer whose frame or table entry
+//! it is: a reader loads zero or that writer's word. A single writer's
+//! segment needs none of it (it claims after it writes, above). Recovery
+//! zeroes a restored head after its valid frames the same way.
 //!
 //! State words carry 21 bits of the stamp and marks and table
 //! entries 32, and every state change of a shared window is a CAS, so an

@@ -545,9 +545,49 @@ fn a_claimed_frame_reads_as_pending_until_written_whatever_its_words_held_before
     // A reader that finds a frame claimed loads its mark before the writer
     // may have stored it. Whatever an earlier owner left in those words —
     // payload can be any bytes, and a meta word `stream << 32 | check` has
-    // the shape of a mark — must not pass for this allocation's mark: here
-    // every data word of the freed unit is made to look like a mark (and
-    // the table slots like entries) of the stamp its next allocation gets.
+    // the shape of a mark — must not pass for this allocation's mark.
+    let p = one_unit_pool_full_of_marks();
+    let k = keep(1 << 20, 1 << 20);
+    let wb = Window::new();
+    wb.append(&p, B, &k, 1, 0, b"b's one", 0).unwrap();
+    let head = SegRef::unpack(wb.head_word()).unwrap();
+    assert_eq!(head.unit, 0, "the same memory");
+    // B's second frame: claimed (by hand, as a writer does with its CAS),
+    // not written yet.
+    claim_unwritten(&p, head, 32);
+    assert_reads_one_then_pending(&wb, &p);
+}
+
+#[test]
+fn shared_appenders_taking_over_a_single_writers_segment_find_no_earlier_owners_words() {
+    // A single writer's segment is not zeroed when prepared: it stores each
+    // frame before claiming it, so readers never load a word it has not
+    // written. Appenders that take the window over once the writer is done
+    // claim first and write after; the writer zeroes the rest of its head
+    // when it hands over, or a claimed frame would read as the mark-shaped
+    // words an earlier owner left.
+    let p = one_unit_pool_full_of_marks();
+    let k = keep(1 << 20, 1 << 20);
+    let wb = Window::new_single();
+    let mut writer = SingleWriter::new();
+    assert_eq!(
+        wb.append_single(&p, B, &k, &mut writer, 1, 0, b"b's one", 0),
+        Ok(1)
+    );
+    let head = SegRef::unpack(wb.head_word()).unwrap();
+    assert_eq!(head.unit, 0, "the same memory");
+    assert!(!wb.takes_shared_appends());
+    wb.writer_done(&p, &mut writer);
+    assert!(wb.takes_shared_appends());
+    claim_unwritten(&p, head, 32);
+    assert_reads_one_then_pending(&wb, &p);
+}
+
+/// A pool of one 64-word unit whose next allocation finds every word after
+/// the header looking like one of its own marks, and every table slot like
+/// one of its own table entries: what an earlier owner's payload and meta
+/// words can look like.
+fn one_unit_pool_full_of_marks() -> Pool {
     use super::layout::{mark, table_entry};
     use crate::sync::Ordering;
     let p = Pool::new(PoolShape {
@@ -556,9 +596,9 @@ fn a_claimed_frame_reads_as_pending_until_written_whatever_its_words_held_before
         top_class: 0,
     })
     .unwrap();
-    let k = keep(1 << 20, 1 << 20);
     let wa = Window::new();
-    wa.append(&p, A, &k, 0, 0, b"first owner", 0).unwrap();
+    wa.append(&p, A, &keep(1 << 20, 1 << 20), 0, 0, b"first owner", 0)
+        .unwrap();
     assert!(wa.close(&p).is_empty());
     let next = p.stamp_now(0, Ordering::Relaxed) + 1;
     let words = p.segment(0, 0);
@@ -572,24 +612,23 @@ fn a_claimed_frame_reads_as_pending_until_written_whatever_its_words_held_before
             Ordering::Relaxed,
         );
     }
-    let wb = Window::new();
-    wb.append(&p, B, &k, 1, 0, b"b's one", 0).unwrap();
-    let head = SegRef::unpack(wb.head_word()).unwrap();
-    assert_eq!((head.unit, head.stamp), (0, next), "the same memory");
-    // B's second frame: claimed (by hand, as a writer does with its CAS),
-    // not written yet.
-    claim_unwritten(&p, head, 32);
+    p
+}
+
+/// B's window holds event 1 (`b"b's one"`) and a second frame claimed but
+/// not written: a reader gets event 1, then pending — from the frame
+/// after 1 and from a fresh cursor, which finds the offset in the table.
+fn assert_reads_one_then_pending(wb: &Window, p: &Pool) {
     let mut c = wb.cursor_after(0);
     let mut buf = Vec::new();
     assert!(matches!(
-        wb.read(&p, B, &mut c, None, &mut buf),
+        wb.read(p, B, &mut c, None, &mut buf),
         Read::Event(m) if m.seq == 1
     ));
     assert_eq!(buf, b"b's one");
-    // A fresh cursor finds the offset in the table instead.
     let mut fresh = wb.cursor_after(1);
     for c in [&mut c, &mut fresh] {
-        let read = wb.read(&p, B, c, None, &mut buf);
+        let read = wb.read(p, B, c, None, &mut buf);
         assert!(matches!(read, Read::Pending), "{read:?}: {buf:?}");
     }
 }
