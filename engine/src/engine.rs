@@ -9,7 +9,7 @@ use crate::config::{Config, ConfigError, SyncPolicy};
 use crate::durable::RecoveryReport;
 use crate::handle::{SessionHandle, SessionWriter};
 use crate::id::SessionId;
-use crate::metrics::MetricsSnapshot;
+use crate::metrics::{MetricsSnapshot, PoolReading};
 use crate::policy::{NativePolicy, Policy};
 use crate::session::EndReason;
 use crate::shared::{OpenError, Shared};
@@ -215,11 +215,12 @@ impl Engine {
         let pool = &self.shared.pool;
         self.shared.metrics.snapshot(
             self.shared.live_appends(),
-            (
-                pool.capacity_bytes(),
-                pool.free_bytes(),
-                pool.released_bytes(),
-            ),
+            PoolReading {
+                capacity_bytes: pool.capacity_bytes(),
+                free_bytes: pool.free_bytes(),
+                released_bytes: pool.released_bytes(),
+                append_stalls: pool.append_stalls(),
+            },
         )
     }
 }

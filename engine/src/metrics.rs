@@ -147,9 +147,8 @@ impl Metrics {
     }
 
     /// A snapshot; `live_appends` is the sum of the live sessions'
-    /// high-water marks, `pool` the pool's capacity, free and released
-    /// bytes.
-    pub(crate) fn snapshot(&self, live_appends: u64, pool: (u64, u64, u64)) -> MetricsSnapshot {
+    /// high-water marks, `pool` what the pool counts itself.
+    pub(crate) fn snapshot(&self, live_appends: u64, pool: PoolReading) -> MetricsSnapshot {
         let verdicts: [u64; 7] = std::array::from_fn(|i| {
             self.sum(Counter::verdict(
                 Verdict::from_code(i as u32).expect("dense codes"),
@@ -167,9 +166,10 @@ impl Metrics {
             sessions_expired: self.sum(Counter::SessionsExpired),
             sessions_evicted: self.sum(Counter::SessionsEvicted),
             sessions_live: self.sessions_live.load(Ordering::Relaxed),
-            pool_bytes: pool.0,
-            bytes_held: pool.0.saturating_sub(pool.1),
-            bytes_released: pool.2,
+            appends_stalled: pool.append_stalls,
+            pool_bytes: pool.capacity_bytes,
+            bytes_held: pool.capacity_bytes.saturating_sub(pool.free_bytes),
+            bytes_released: pool.released_bytes,
             resumes: verdicts.iter().sum(),
             verdicts,
             policy_faults: std::array::from_fn(|i| {
@@ -177,6 +177,15 @@ impl Metrics {
             }),
         }
     }
+}
+
+/// What the segment pool counts itself, read for a snapshot.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct PoolReading {
+    pub(crate) capacity_bytes: u64,
+    pub(crate) free_bytes: u64,
+    pub(crate) released_bytes: u64,
+    pub(crate) append_stalls: u64,
 }
 
 /// A point-in-time reading of the engine's counters.
@@ -187,6 +196,13 @@ pub struct MetricsSnapshot {
     pub appends: u64,
     /// Appends refused (payload too large, session ended, pool exhausted).
     pub appends_refused: u64,
+    /// Appends that waited for another writer of the same session before
+    /// they could store their event: that writer was descheduled in the
+    /// middle of an event, which keeps the session's oldest segments from
+    /// being released, and the session already held twice its retention.
+    /// The wait ends when that writer runs again; a steady rise means
+    /// writers are starved of CPU.
+    pub appends_stalled: u64,
     /// Events handed to readers (replayed or live).
     pub events_replayed: u64,
     /// Payload bytes handed to readers.
@@ -258,11 +274,20 @@ mod tests {
         for t in threads {
             t.join().unwrap();
         }
-        let s = m.snapshot(7, (100, 40, 16));
+        let s = m.snapshot(
+            7,
+            PoolReading {
+                capacity_bytes: 100,
+                free_bytes: 40,
+                released_bytes: 16,
+                append_stalls: 3,
+            },
+        );
         assert_eq!(s.appends_refused, 4000);
         assert_eq!(s.appends, 7);
         assert_eq!(s.bytes_held, 60);
         assert_eq!(s.bytes_released, 16);
+        assert_eq!(s.appends_stalled, 3);
         assert_eq!(s.resumes, 4);
         assert_eq!(s.verdict_count(Verdict::Conflict), 4);
         assert_eq!(s.verdict_count(Verdict::Resume), 0);
@@ -282,7 +307,7 @@ mod tests {
         for (i, f) in PolicyFault::ALL.iter().enumerate() {
             let m = Metrics::new();
             m.verdict(Verdict::Gone, Some(*f));
-            let s = m.snapshot(0, (0, 0, 0));
+            let s = m.snapshot(0, PoolReading::default());
             for (j, g) in PolicyFault::ALL.iter().enumerate() {
                 assert_eq!(
                     s.fault_count(*g),

@@ -21,6 +21,7 @@
 //! |---|---|---|
 //! | `rewind_build_info` | `version` | always 1 |
 //! | `rewind_appends`, `rewind_appends_refused` | | events stored, appends refused |
+//! | `rewind_appends_stalled` | | appends that waited for another writer of their session, descheduled in the middle of an event while the session already held twice its retention (a steady rise: writers starved of CPU) |
 //! | `rewind_events_delivered`, `rewind_delivered_bytes` | | events handed to readers (replayed or live) |
 //! | `rewind_reader_gaps` | | times a reader found events it had not read released (one gap each) |
 //! | `rewind_sessions_opened`, `_refused`, `_closed`, `_expired`, `_evicted` | | sessions by how they began and ended, and openings a session cap refused |
@@ -422,6 +423,12 @@ fn encode_engine(e: &mut DescriptorEncoder, m: &MetricsSnapshot) -> Result<(), f
         "rewind_appends_refused",
         "Appends refused (payload too large, session ended, pool exhausted)",
         m.appends_refused,
+    )?;
+    counter(
+        e,
+        "rewind_appends_stalled",
+        "Appends that waited for a writer of the same session descheduled in the middle of an event",
+        m.appends_stalled,
     )?;
     counter(
         e,

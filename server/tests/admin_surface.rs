@@ -189,6 +189,7 @@ async fn metrics_parse_and_move_with_traffic() {
     let before = parse_prometheus(&admin.get("/metrics").await.text().await.unwrap());
     for name in [
         "rewind_appends_total",
+        "rewind_appends_stalled_total",
         "rewind_events_delivered_total",
         "rewind_reader_gaps_total",
         "rewind_sessions_refused_total",

@@ -154,6 +154,9 @@ pub(crate) struct Pool {
     /// Trim passes: under way (low half; each may hold segments off the
     /// lists) and started so far (high half).
     trims: AtomicU64,
+    /// Appends that waited for a writer stalled in the middle of a frame
+    /// ([`Pool::count_append_stall`]).
+    append_stalls: AtomicU64,
     data_base: usize,
     /// Where the pool's own words start in the backing: 1 when the word
     /// before them is the allocation mark (a durable pool), else 0.
@@ -218,6 +221,7 @@ impl Pool {
             free_units: AtomicU64::new(0),
             cold_units: AtomicU64::new(0),
             trims: AtomicU64::new(0),
+            append_stalls: AtomicU64::new(0),
             data_base: 2 * shape.units as usize,
             words_at,
             untouched: AtomicU32::new(0),
@@ -334,6 +338,19 @@ impl Pool {
     /// (on the cold lists; each cold segment keeps its first page).
     pub(crate) fn released_bytes(&self) -> u64 {
         self.cold_units.load(Ordering::Relaxed) * self.unit_bytes()
+    }
+
+    /// Counts an append that waited for another writer of its window, one
+    /// descheduled between its claim and its mark, instead of growing the
+    /// window past twice its retention. Kept here, not in the engine's
+    /// per-thread counters, because the window does the waiting; it is rare.
+    pub(crate) fn count_append_stall(&self) {
+        self.append_stalls.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Appends that waited so ([`count_append_stall`](Self::count_append_stall)).
+    pub(crate) fn append_stalls(&self) -> u64 {
+        self.append_stalls.load(Ordering::Relaxed)
     }
 
     /// Bytes of segment memory in all.

@@ -813,6 +813,7 @@ fn appenders_behind_a_stalled_writer_stop_at_twice_the_retention_instead_of_fill
             "the window took {} of {total} bytes",
             total - p.free_bytes()
         );
+        assert_eq!(p.append_stalls(), 1, "the waiting append is counted, once");
         // The close ends the waiting appender.
         let deferred = w.close(&p);
         assert_eq!(appender.join().unwrap(), AppendFailure::Ended);

@@ -404,6 +404,8 @@ impl Window {
         };
         let mut spare: Option<(SegRef, u8)> = None;
         let spin = Spin::new();
+        // Whether this append has waited for a stalled writer (counted once).
+        let mut stalled = false;
         let result = loop {
             let head_word = self.head.load(Ordering::Acquire);
             let Some(head) = SegRef::unpack(head_word) else {
@@ -489,6 +491,10 @@ impl Window {
                     // for that writer, which is inside a copy that takes no
                     // lock and ends as soon as it runs again.
                     if self.release_oldest(pool, keep, false, false).stalled {
+                        if !stalled {
+                            stalled = true;
+                            pool.count_append_stall();
+                        }
                         spin.snooze();
                         continue;
                     }
