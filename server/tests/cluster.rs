@@ -17,6 +17,11 @@
 //!   held after the cursor once, then the takeover's error, or an explicit
 //!   `reset`); the other sessions resume to their result; all go on
 //!   working, and the survivors count the takeovers.
+//! - A node paused (SIGSTOP) mid-call past its heartbeat: another node
+//!   takes the session over; when the paused node runs again, its next
+//!   copy into Redis is refused and it ends its own copy, so nothing its
+//!   call appends after the takeover reaches a client, and both nodes
+//!   serve the session from its new owner.
 //!
 //! The tests that need Redis are `#[ignore]`d (`cargo test --workspace`
 //! runs on machines without it); `.ci/cluster.sh` runs them with
@@ -1570,14 +1575,7 @@ fn a_killed_nodes_sessions_resume_through_the_others() {
     let mut cluster = Cluster::start(3);
     let http = client();
     let port = cluster.redis.port;
-    let owner_of = |s: &Session| -> u16 {
-        let owner = redis_bulk(port, &format!("HGET rewind:s:{{{}}} owner", s.id))
-            .unwrap_or_else(|e| panic!("{e}"))
-            .unwrap_or_else(|| panic!("no record of session {} in Redis", s.id));
-        owner
-            .parse()
-            .unwrap_or_else(|e| panic!("owner {owner:?}: {e}"))
-    };
+    let owner_of = |s: &Session| owner_in_redis(port, s);
 
     let set_up = Instant::now();
     let mut calls = Vec::new();
@@ -1731,6 +1729,120 @@ fn a_killed_nodes_sessions_resume_through_the_others() {
         f64::from(taken_over),
         "rewind_cluster_takeovers on nodes 2 and 3 against the sessions node 1 owned"
     );
+}
+
+/// Sends `signal` (`-STOP`, `-CONT`) to `node`'s process.
+fn signal(node: &Node, signal: &str) {
+    let status = Command::new("kill")
+        .args([signal, &node.child.id().to_string()])
+        .status()
+        .expect("run kill");
+    assert!(status.success(), "kill {signal} {}: {status}", node.name);
+}
+
+/// The owner node recorded for session `s` in Redis on `port`.
+fn owner_in_redis(port: u16, s: &Session) -> u16 {
+    let owner = redis_bulk(port, &format!("HGET rewind:s:{{{}}} owner", s.id))
+        .unwrap_or_else(|e| panic!("{e}"))
+        .unwrap_or_else(|| panic!("no record of session {} in Redis", s.id));
+    owner
+        .parse()
+        .unwrap_or_else(|e| panic!("owner {owner:?}: {e}"))
+}
+
+/// A node paused (SIGSTOP) mid-call for longer than its heartbeat lives:
+/// another node takes its session over. When the paused node runs again,
+/// its call goes on producing progress — but its copy of the session is
+/// no longer the session: the node must end it when Redis refuses its
+/// next copy, so nothing it appends after the takeover reaches a client
+/// (no split brain), and the session is served from the new owner by both
+/// nodes.
+#[test]
+#[ignore = "needs redis-server: .ci/cluster.sh runs them"]
+fn a_paused_owner_that_runs_again_after_a_takeover_ends_its_copy() {
+    /// Long enough to be running still when node 1 wakes (6 s).
+    const CALL: (u32, u64) = (300, 20);
+    let cluster = Cluster::start(2);
+    let http = client();
+    let port = cluster.redis.port;
+    let s = initialize(&http, cluster.node(0));
+    let (c, _) = call_with(&http, cluster.node(0), &s, CALL, Some(10))
+        .unwrap_or_else(|e| panic!("the call: {e}"));
+    assert_eq!(owner_in_redis(port, &s), 1);
+    let live = |node: usize| cluster.nodes[node].counter(&http, "rewind_sessions_live");
+    assert_eq!(live(0), Ok(1.0), "node 1 holds the session");
+
+    signal(&cluster.nodes[0], "-STOP");
+    let paused = Instant::now();
+    let expired = poll(OWNER_LOSS_LIMIT, || {
+        (redis_command(port, "EXISTS rewind:node:1").ok()? == ":0").then_some(())
+    });
+    assert!(
+        expired.is_some(),
+        "node 1's heartbeat key still exists {OWNER_LOSS_LIMIT:?} after SIGSTOP"
+    );
+    // Node 2 takes the session over on the resume: whatever Redis held
+    // after the cursor, then the takeover's error (or a reset).
+    let mut taken = c.clone();
+    let ending = resume_after_loss(&http, cluster.node(1), &mut taken)
+        .unwrap_or_else(|e| panic!("the resume on node 2: {e}"));
+    eprintln!(
+        "node 2's resume after {:?} of pause: {ending:?} after {} progress",
+        paused.elapsed(),
+        taken.progress
+    );
+    assert_ne!(ending, Ending::Result, "{}", taken.evidence());
+    assert_eq!(owner_in_redis(port, &s), 2, "node 2 took the session over");
+    assert!(
+        paused.elapsed() < Duration::from_millis(u64::from(CALL.0) * CALL.1),
+        "node 1 was paused {:?}: its call would be over when it wakes",
+        paused.elapsed()
+    );
+
+    signal(&cluster.nodes[0], "-CONT");
+    // Its call appends again, its next copy into Redis is refused, and it
+    // ends its copy of the session.
+    let woke = Instant::now();
+    let ended = poll(Duration::from_secs(10), || {
+        (live(0).ok()? == 0.0).then_some(())
+    });
+    eprintln!("node 1 ended its copy {:?} after it woke", woke.elapsed());
+    assert!(
+        ended.is_some(),
+        "node 1 still holds the session 10 s after it woke: {:?}; its log:\n{}",
+        live(0),
+        cluster.nodes[0].log.tail(20)
+    );
+    let log = std::fs::read_to_string(&cluster.nodes[0].log.path).unwrap_or_default();
+    assert!(
+        log.contains("owned elsewhere now; ending it here"),
+        "node 1 ended the session another way; its log:\n{}",
+        cluster.nodes[0].log.tail(20)
+    );
+    // Nothing node 1 appended after the takeover reached Redis: resuming
+    // from the same cursor, on either node, delivers exactly what node 2's
+    // resume did.
+    for i in [1, 0] {
+        let mut again = c.clone();
+        let ending_again = resume_after_loss(&http, cluster.node(i), &mut again)
+            .unwrap_or_else(|e| panic!("the resume on node {}: {e}", i + 1));
+        assert_eq!(ending_again, ending, "node {}: {}", i + 1, again.evidence());
+        assert_eq!(again.log, taken.log, "node {}: {}", i + 1, again.evidence());
+    }
+    assert_eq!(owner_in_redis(port, &s), 2);
+    // The session goes on, from its new owner, through both nodes.
+    for i in [0, 1] {
+        assert_eq!(
+            ping(&http, cluster.node(i), &s),
+            Ok(200),
+            "ping on node {}",
+            i + 1
+        );
+        let (done, _) = call_with(&http, cluster.node(i), &s, (5, 5), None)
+            .unwrap_or_else(|e| panic!("a new call on node {}: {e}", i + 1));
+        assert!(done.done, "{}", done.evidence());
+    }
+    assert_eq!(live(0), Ok(0.0), "node 1 forwards, it holds nothing");
 }
 
 /// Redis unreachable: the owner goes on serving its sessions (calls
