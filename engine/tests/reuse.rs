@@ -210,89 +210,87 @@ fn long_call_engine() -> Engine {
 /// the call's last event is appended.
 fn follow_a_long_call(round: u32, h: &SessionHandle, mut append: impl FnMut(u32, &[u8]) + Send) {
     const EVENTS: u32 = 2_000;
-    {
-        for events in [1, 301, 301] {
-            let earlier = h.new_stream().unwrap();
-            for k in 1..=events {
-                append(earlier, &progress(k));
+    for events in [1, 301, 301] {
+        let earlier = h.new_stream().unwrap();
+        for k in 1..=events {
+            append(earlier, &progress(k));
+        }
+    }
+    let stream = h.new_stream().unwrap();
+    // Event `k` of the call will have sequence number `base + k`.
+    let base = h.high_water();
+    let done = AtomicUsize::new(0);
+    let mut first = h.subscribe(stream);
+    first.hold();
+    std::thread::scope(|scope| {
+        let done = &done;
+        scope.spawn(move || {
+            for k in 1..=EVENTS {
+                append(stream, &progress(k));
+                if k.is_multiple_of(97) {
+                    std::thread::yield_now();
+                }
+            }
+            drop(append);
+            done.store(1, Ordering::Release);
+        });
+        // The first connection reads five events and is cut; the
+        // client resumes after the last one it got.
+        let mut buf = Vec::new();
+        let mut read = 0;
+        let mut last = None;
+        while read < 5 {
+            match first.next_into(&mut buf) {
+                Ok(Some(id)) => {
+                    assert_eq!(buf, progress((id.seq - base) as u32));
+                    read += 1;
+                    last = Some(id);
+                }
+                Ok(None) => std::thread::yield_now(),
+                Err(ReplayError::Lagged { .. }) => {
+                    first.skip_gap();
+                }
+                Err(other) => panic!("round {round}: {other:?}"),
             }
         }
-        let stream = h.new_stream().unwrap();
-        // Event `k` of the call will have sequence number `base + k`.
-        let base = h.high_water();
-        let done = AtomicUsize::new(0);
-        let mut first = h.subscribe(stream);
-        first.hold();
-        std::thread::scope(|scope| {
-            let done = &done;
-            scope.spawn(move || {
-                for k in 1..=EVENTS {
-                    append(stream, &progress(k));
-                    if k.is_multiple_of(97) {
-                        std::thread::yield_now();
-                    }
+        let last = last.unwrap();
+        let mut k = (last.seq - base) as u32;
+        let Some(mut r) = h.subscribe_from(stream, last) else {
+            // Released already (the writer got a hold's worth ahead):
+            // nothing left of this round to check.
+            return;
+        };
+        r.hold();
+        drop(first);
+        // A reader that falls more than its hold behind is told of a
+        // gap (allowed: a busy machine may deschedule it), then goes on.
+        let mut told = false;
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            assert!(Instant::now() < deadline, "round {round}: stuck after {k}");
+            // Loaded before the read: once the writer is done, a read
+            // that finds nothing has read everything.
+            let finished = done.load(Ordering::Acquire) == 1;
+            match r.next_into(&mut buf) {
+                Ok(Some(id)) => {
+                    let next = (id.seq - base) as u32;
+                    assert_eq!(buf, progress(next), "round {round}: event {next}");
+                    assert!(
+                        next == k + 1 || (told && next > k),
+                        "round {round}: event {next} after {k}, no gap told"
+                    );
+                    k = next;
+                    told = false;
                 }
-                drop(append);
-                done.store(1, Ordering::Release);
-            });
-            // The first connection reads five events and is cut; the
-            // client resumes after the last one it got.
-            let mut buf = Vec::new();
-            let mut read = 0;
-            let mut last = None;
-            while read < 5 {
-                match first.next_into(&mut buf) {
-                    Ok(Some(id)) => {
-                        assert_eq!(buf, progress((id.seq - base) as u32));
-                        read += 1;
-                        last = Some(id);
-                    }
-                    Ok(None) => std::thread::yield_now(),
-                    Err(ReplayError::Lagged { .. }) => {
-                        first.skip_gap();
-                    }
-                    Err(other) => panic!("round {round}: {other:?}"),
+                Ok(None) if finished => break,
+                Ok(None) => std::thread::yield_now(),
+                Err(ReplayError::Lagged { .. }) => {
+                    told = true;
+                    r.skip_gap();
                 }
+                Err(other) => panic!("round {round}: {other:?} after {k}"),
             }
-            let last = last.unwrap();
-            let mut k = (last.seq - base) as u32;
-            let Some(mut r) = h.subscribe_from(stream, last) else {
-                // Released already (the writer got a hold's worth ahead):
-                // nothing left of this round to check.
-                return;
-            };
-            r.hold();
-            drop(first);
-            // A reader that falls more than its hold behind is told of a
-            // gap (allowed: a busy machine may deschedule it), then goes on.
-            let mut told = false;
-            let deadline = Instant::now() + Duration::from_secs(60);
-            loop {
-                assert!(Instant::now() < deadline, "round {round}: stuck after {k}");
-                // Loaded before the read: once the writer is done, a read
-                // that finds nothing has read everything.
-                let finished = done.load(Ordering::Acquire) == 1;
-                match r.next_into(&mut buf) {
-                    Ok(Some(id)) => {
-                        let next = (id.seq - base) as u32;
-                        assert_eq!(buf, progress(next), "round {round}: event {next}");
-                        assert!(
-                            next == k + 1 || (told && next > k),
-                            "round {round}: event {next} after {k}, no gap told"
-                        );
-                        k = next;
-                        told = false;
-                    }
-                    Ok(None) if finished => break,
-                    Ok(None) => std::thread::yield_now(),
-                    Err(ReplayError::Lagged { .. }) => {
-                        told = true;
-                        r.skip_gap();
-                    }
-                    Err(other) => panic!("round {round}: {other:?} after {k}"),
-                }
-            }
-            assert_eq!(k, EVENTS, "round {round}: the reader stopped early");
-        });
-    }
+        }
+        assert_eq!(k, EVENTS, "round {round}: the reader stopped early");
+    });
 }
