@@ -60,6 +60,63 @@ pub(crate) fn load_words(src: &[AtomicU64], dst: &mut [MaybeUninit<u8>]) {
     }
 }
 
+/// Stores `src` — whole words, `8 * dst.len()` bytes — into the pool words
+/// `dst`, as bytes in memory order (little-endian words). The dual of
+/// [`load_words`]: every byte is stored by a relaxed atomic store, so a
+/// reader racing the writer (one holding a stale position in a reused
+/// segment, which validates the stamp afterwards and discards what it
+/// read) races atomics only.
+///
+/// Word by word that is `AtomicU64::store(Relaxed)` per word, which the
+/// compiler never merges: an append is bound by its stores, and a 100-byte
+/// payload takes twelve where `memcpy` takes four to seven. On x86-64 the
+/// words go two at a time as 16-byte `movdqu` stores instead, whose bytes
+/// are single-copy atomic in hardware: exactly such a sequence of relaxed
+/// byte stores, in half the store instructions.
+#[inline]
+pub(crate) fn store_words(dst: &[AtomicU64], src: &[u8]) {
+    assert_eq!(src.len(), dst.len() * 8, "source must fill the words");
+    #[cfg(all(target_arch = "x86_64", not(miri), not(loom)))]
+    let dst = {
+        let pairs = dst.len() / 2;
+        if pairs > 0 {
+            // SAFETY: `src` is `16 * pairs` readable bytes and `dst` (atomics,
+            // which may be written through a shared reference) `16 * pairs`
+            // writable bytes; they cannot overlap (`src` is a `&[u8]`, which
+            // no one may write while it is borrowed). The loop stores
+            // exactly those bytes of `dst`, reads exactly those of `src`,
+            // and changes only the registers declared clobbered and the
+            // flags (not preserved). Other threads access `dst` only
+            // atomically; the block's stores are hardware byte-atomic
+            // stores, which is what the relaxed stores of the fallback below
+            // are too (see the function's docs).
+            unsafe {
+                std::arch::asm!(
+                    "2:",
+                    "movdqu {v}, xmmword ptr [{src}]",
+                    "movdqu xmmword ptr [{dst}], {v}",
+                    "add {src}, 16",
+                    "add {dst}, 16",
+                    "dec {n}",
+                    "jnz 2b",
+                    src = inout(reg) src.as_ptr() => _,
+                    dst = inout(reg) dst.as_ptr() => _,
+                    n = inout(reg) pairs => _,
+                    v = out(xmm_reg) _,
+                    options(nostack),
+                );
+            }
+        }
+        &dst[pairs * 2..]
+    };
+    #[cfg(all(target_arch = "x86_64", not(miri), not(loom)))]
+    let src = &src[src.len() - dst.len() * 8..];
+    let (words, _) = src.as_chunks::<8>();
+    for (word, bytes) in dst.iter().zip(words) {
+        word.store(u64::from_le_bytes(*bytes), Ordering::Relaxed);
+    }
+}
+
 /// The bytes `rest` — the last `rest.len()` (1 to 7) bytes of `whole` —
 /// as a little-endian word, zero-padded, assembled in registers.
 ///
@@ -81,7 +138,7 @@ pub(crate) fn tail_word(whole: &[u8], rest: &[u8]) -> u64 {
 
 #[cfg(all(test, not(loom)))]
 mod tests {
-    use super::{load_words, tail_word};
+    use super::{load_words, store_words, tail_word};
     use crate::sync::AtomicU64;
     use std::mem::MaybeUninit;
 
@@ -100,6 +157,28 @@ mod tests {
                 .flat_map(|w| w.load(crate::sync::Ordering::Relaxed).to_le_bytes())
                 .collect();
             assert_eq!(out, want, "{n} words");
+        }
+    }
+
+    #[test]
+    fn stored_words_hold_the_bytes_in_order_for_every_length() {
+        for n in [0, 1, 2, 3, 12, 13, 64, 129] {
+            let src: Vec<u8> = (0..n * 8).map(|i| (i * 7 + 3) as u8).collect();
+            // One word beyond the stored ones on each side, to catch a
+            // store outside them.
+            let words: Vec<AtomicU64> = (0..n + 2).map(|_| AtomicU64::new(u64::MAX)).collect();
+            store_words(&words[1..=n], &src);
+            let got: Vec<u64> = words
+                .iter()
+                .map(|w| w.load(crate::sync::Ordering::Relaxed))
+                .collect();
+            assert_eq!(got[0], u64::MAX, "{n} words: store before the first");
+            assert_eq!(got[n + 1], u64::MAX, "{n} words: store after the last");
+            let want: Vec<u64> = src
+                .chunks_exact(8)
+                .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")))
+                .collect();
+            assert_eq!(&got[1..=n], &want[..], "{n} words");
         }
     }
 

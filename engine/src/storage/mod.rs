@@ -50,6 +50,11 @@
 //! segment (below, "Reuse is detected"): about one more store per word
 //! appended.
 //!
+//! The frame's stores: its table entry, meta and time words, the payload,
+//! and the mark. The payload's whole words go two at a time (16-byte
+//! stores on x86-64, `words::store_words`), its last partial word as one
+//! zero-padded word: a 100-byte event is 7 payload stores, 11 in all.
+//!
 //! # Append by a single writer
 //!
 //! A session opened for one writer (`Engine::open_single_writer`) has a

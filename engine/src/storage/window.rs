@@ -12,7 +12,7 @@ use super::layout::{
 };
 use super::pool::Pool;
 use crate::sync::{fence, AtomicU32, AtomicU64, Ordering, Spin};
-use crate::words::{load_words, tail_word};
+use crate::words::{load_words, store_words, tail_word};
 
 /// Who a window belongs to: written into every segment it allocates and
 /// checked by every reader.
@@ -1872,19 +1872,8 @@ fn write_frame(
     segment[at + 2].store(now_ms, Ordering::Relaxed);
     let whole = payload.len() / WORD_BYTES;
     let body = &segment[at + FRAME_HEADER_WORDS..][..payload.len().div_ceil(WORD_BYTES)];
-    // Four words per round: one bounds check and one branch for 32 bytes.
-    let (quads, _) = payload.as_chunks::<{ 4 * WORD_BYTES }>();
-    for (words, quad) in body.chunks_exact(4).zip(quads) {
-        let (four, _) = quad.as_chunks::<WORD_BYTES>();
-        for (word, bytes) in words.iter().zip(four) {
-            word.store(u64::from_le_bytes(*bytes), Ordering::Relaxed);
-        }
-    }
-    let done = quads.len() * 4;
-    let (rest_words, rest) = payload[done * WORD_BYTES..].as_chunks::<WORD_BYTES>();
-    for (word, bytes) in body[done..whole].iter().zip(rest_words) {
-        word.store(u64::from_le_bytes(*bytes), Ordering::Relaxed);
-    }
+    let (words, rest) = payload.split_at(whole * WORD_BYTES);
+    store_words(&body[..whole], words);
     if !rest.is_empty() {
         body[whole].store(tail_word(payload, rest), Ordering::Relaxed);
     }
