@@ -117,6 +117,53 @@ pub(crate) fn store_words(dst: &[AtomicU64], src: &[u8]) {
     }
 }
 
+/// Zeroes the pool words `words` (relaxed stores; published by whatever
+/// publishes the memory they belong to), as [`store_words`] would store
+/// zeroes: a reader racing it (one holding a stale position, which
+/// validates afterwards) races atomics only.
+///
+/// Preparing a segment for shared appends zeroes all of it, about one
+/// store per word appended; word by word that is as many store
+/// instructions as the frames themselves take. On x86-64 a long run is
+/// one `rep stosb` instead (hardware byte-atomic stores, wide ones), with
+/// the word loop, a cache line per round, for short runs and under miri
+/// and loom.
+#[inline]
+pub(crate) fn zero_words(words: &[AtomicU64]) {
+    #[cfg(all(target_arch = "x86_64", not(miri), not(loom)))]
+    if words.len() * 8 >= BULK_COPY_MIN_BYTES {
+        // SAFETY: `words` (atomics, which may be written through a shared
+        // reference) is `8 * words.len()` writable bytes. The direction
+        // flag is clear on entry to an `asm!` block (the language
+        // guarantees it), so `rep stosb` stores `al` forwards into exactly
+        // `rcx` bytes from `rdi`, and changes only rcx and rdi (declared
+        // clobbered) and no flags. Other threads access the words only
+        // atomically; the block's stores are hardware byte-atomic stores,
+        // which is what the relaxed stores below are too.
+        unsafe {
+            std::arch::asm!(
+                "rep stosb",
+                inout("rcx") words.len() * 8 => _,
+                inout("rdi") words.as_ptr() => _,
+                in("al") 0u8,
+                options(nostack, preserves_flags)
+            );
+        }
+        return;
+    }
+    // A cache line per round: written as one loop over words, the
+    // compiler emits one store per round, three times as slow.
+    let (lines, rest) = words.as_chunks::<8>();
+    for line in lines {
+        for w in line {
+            w.store(0, Ordering::Relaxed);
+        }
+    }
+    for w in rest {
+        w.store(0, Ordering::Relaxed);
+    }
+}
+
 /// The bytes `rest` — the last `rest.len()` (1 to 7) bytes of `whole` —
 /// as a little-endian word, zero-padded, assembled in registers.
 ///
@@ -138,7 +185,7 @@ pub(crate) fn tail_word(whole: &[u8], rest: &[u8]) -> u64 {
 
 #[cfg(all(test, not(loom)))]
 mod tests {
-    use super::{load_words, store_words, tail_word};
+    use super::{load_words, store_words, tail_word, zero_words};
     use crate::sync::AtomicU64;
     use std::mem::MaybeUninit;
 
@@ -179,6 +226,21 @@ mod tests {
                 .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")))
                 .collect();
             assert_eq!(&got[1..=n], &want[..], "{n} words");
+        }
+    }
+
+    #[test]
+    fn zeroed_words_are_zero_and_only_they_for_short_and_bulk_runs() {
+        for n in [0, 1, 7, 8, 9, 31, 32, 33, 100, 1021] {
+            let words: Vec<AtomicU64> = (0..n + 2).map(|_| AtomicU64::new(u64::MAX)).collect();
+            zero_words(&words[1..=n]);
+            let got: Vec<u64> = words
+                .iter()
+                .map(|w| w.load(crate::sync::Ordering::Relaxed))
+                .collect();
+            assert_eq!(got[0], u64::MAX, "{n} words: store before the first");
+            assert_eq!(got[n + 1], u64::MAX, "{n} words: store after the last");
+            assert!(got[1..=n].iter().all(|&w| w == 0), "{n} words");
         }
     }
 

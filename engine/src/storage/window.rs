@@ -12,7 +12,7 @@ use super::layout::{
 };
 use super::pool::Pool;
 use crate::sync::{fence, AtomicU32, AtomicU64, Ordering, Spin};
-use crate::words::{load_words, store_words, tail_word};
+use crate::words::{load_words, store_words, tail_word, zero_words};
 
 /// Who a window belongs to: written into every segment it allocates and
 /// checked by every reader.
@@ -743,7 +743,7 @@ impl Window {
                 let segment = pool.segment(h.seg.unit, h.class);
                 let frames_end = HEADER_WORDS + h.used as usize / WORD_BYTES;
                 let table_low = segment.len() - h.count as usize;
-                zero(&segment[frames_end..table_low]);
+                zero_words(&segment[frames_end..table_low]);
             }
         }
         // AcqRel: Release hands the writer's stores (the zeroes above
@@ -1738,31 +1738,12 @@ pub(super) fn init_segment(
     // table entry it is. A single writer's segment is zeroed only if it is
     // handed to many writers ([`Window::writer_done`]).
     if writers == Writers::Many {
-        zero(&segment[HEADER_WORDS..]);
+        zero_words(&segment[HEADER_WORDS..]);
     }
     pool.state(seg.unit).store(
         State::Open { count: 0, used: 0 }.encode(seg.stamp),
         Ordering::Relaxed,
     );
-}
-
-/// Zeroes `words` (Relaxed; published by whatever publishes the segment),
-/// a cache line per round: written as one loop over words, the compiler
-/// emits one store per round and the shared append's segment preparation
-/// takes three times as long. No check for words already zero (which
-/// would leave a cold segment's pages unmapped): on a warm pool, where
-/// every word must be stored, it made the shared append 3–8 % slower.
-#[inline]
-fn zero(words: &[AtomicU64]) {
-    let (lines, rest) = words.as_chunks::<8>();
-    for line in lines {
-        for w in line {
-            w.store(0, Ordering::Relaxed);
-        }
-    }
-    for w in rest {
-        w.store(0, Ordering::Relaxed);
-    }
 }
 
 /// A spare segment of `class` if there is one, else a new allocation of
