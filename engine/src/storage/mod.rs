@@ -47,8 +47,9 @@
 //! one `AcqRel` RMW of the session's waiter count that leaves it unchanged
 //! — a locked instruction on x86, no fence.) Opening the next segment adds
 //! the allocation, the seal and head CASes, and the zeroing of the new
-//! segment (below, "Reuse is detected"): about one more store per word
-//! appended.
+//! segment (below, "Reuse is detected"): about one more word written per
+//! word appended (one `rep stosb` per segment on x86-64,
+//! `words::zero_words`).
 //!
 //! The frame's stores: its table entry, meta and time words, the payload,
 //! and the mark. The payload's whole words go two at a time (16-byte
