@@ -5,10 +5,10 @@
 use crate::sync::{AtomicU64, Ordering};
 use std::mem::MaybeUninit;
 
-/// Copies below this many bytes go word by word: `rep movsb` has a start-up
-/// cost of some tens of cycles, which a short payload does not repay (at 64
-/// bytes, one 100-byte event per call from cold caches took twice as long:
-/// `replay/scattered/RewindPerEvent`).
+/// Copies and zeroings below this many bytes go word by word: `rep movsb`
+/// (and `rep stosb`) has a start-up cost of some tens of cycles, which a
+/// short payload does not repay (at 64 bytes, one 100-byte event per call
+/// from cold caches took twice as long: `replay/scattered/RewindPerEvent`).
 #[cfg(all(target_arch = "x86_64", not(miri), not(loom)))]
 const BULK_COPY_MIN_BYTES: usize = 256;
 
@@ -207,40 +207,38 @@ mod tests {
         }
     }
 
+    /// Runs `f` on `n` words set to all ones, with one more such word on
+    /// each side that `f` must leave alone; returns the `n` words after.
+    fn guarded(n: usize, f: impl FnOnce(&[AtomicU64])) -> Vec<u64> {
+        let words: Vec<AtomicU64> = (0..n + 2).map(|_| AtomicU64::new(u64::MAX)).collect();
+        f(&words[1..=n]);
+        let got: Vec<u64> = words
+            .iter()
+            .map(|w| w.load(crate::sync::Ordering::Relaxed))
+            .collect();
+        assert_eq!(got[0], u64::MAX, "{n} words: store before the first");
+        assert_eq!(got[n + 1], u64::MAX, "{n} words: store after the last");
+        got[1..=n].to_vec()
+    }
+
     #[test]
     fn stored_words_hold_the_bytes_in_order_for_every_length() {
         for n in [0, 1, 2, 3, 12, 13, 64, 129] {
             let src: Vec<u8> = (0..n * 8).map(|i| (i * 7 + 3) as u8).collect();
-            // One word beyond the stored ones on each side, to catch a
-            // store outside them.
-            let words: Vec<AtomicU64> = (0..n + 2).map(|_| AtomicU64::new(u64::MAX)).collect();
-            store_words(&words[1..=n], &src);
-            let got: Vec<u64> = words
-                .iter()
-                .map(|w| w.load(crate::sync::Ordering::Relaxed))
-                .collect();
-            assert_eq!(got[0], u64::MAX, "{n} words: store before the first");
-            assert_eq!(got[n + 1], u64::MAX, "{n} words: store after the last");
+            let got = guarded(n, |words| store_words(words, &src));
             let want: Vec<u64> = src
                 .chunks_exact(8)
                 .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")))
                 .collect();
-            assert_eq!(&got[1..=n], &want[..], "{n} words");
+            assert_eq!(got, want, "{n} words");
         }
     }
 
     #[test]
     fn zeroed_words_are_zero_and_only_they_for_short_and_bulk_runs() {
         for n in [0, 1, 7, 8, 9, 31, 32, 33, 100, 1021] {
-            let words: Vec<AtomicU64> = (0..n + 2).map(|_| AtomicU64::new(u64::MAX)).collect();
-            zero_words(&words[1..=n]);
-            let got: Vec<u64> = words
-                .iter()
-                .map(|w| w.load(crate::sync::Ordering::Relaxed))
-                .collect();
-            assert_eq!(got[0], u64::MAX, "{n} words: store before the first");
-            assert_eq!(got[n + 1], u64::MAX, "{n} words: store after the last");
-            assert!(got[1..=n].iter().all(|&w| w == 0), "{n} words");
+            let got = guarded(n, zero_words);
+            assert!(got.iter().all(|&w| w == 0), "{n} words");
         }
     }
 
