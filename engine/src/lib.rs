@@ -40,7 +40,14 @@
 #![cfg_attr(not(test), warn(missing_docs))]
 // Under loom only the storage layer and its models are built; the engine
 // around it is compiled out, so much of the storage API has no caller.
-#![cfg_attr(loom, allow(dead_code, unused_imports))]
+#![cfg_attr(
+    loom,
+    allow(
+        dead_code,
+        unused_imports,
+        reason = "under loom only the storage layer is built"
+    )
+)]
 
 pub(crate) mod storage;
 pub(crate) mod sync;
