@@ -109,6 +109,11 @@
 //! held. So that reader places its cursor again by sequence number and
 //! reads on if the window still holds it (at most a few times per read,
 //! should releases keep overtaking it); only then is it `Lagged`.
+//! Placing a cursor starts at the head (and the oldest segment), and a
+//! head or oldest segment met released was overtaken by appends, not
+//! lost: the placement reads the word again — with an RMW that changes
+//! nothing, which reads the latest value where a load may not — and goes
+//! on from there; only the same word again means the window lost it.
 //! Within one allocation nothing is ever overwritten, so a frame whose mark
 //! was acquired and whose stamp held is exactly what its writer wrote. A
 //! cursor is positioned from whichever end of the chain is nearer (back
@@ -130,7 +135,9 @@
 //! (`Replay::next_into`), once per run of frames in one segment for a
 //! batch (`Replay::next_batch`), which acquires the run's marks first and
 //! then copies the whole run, headers included, in one copy, and takes it
-//! back whole if the stamp changed. A read that finds nothing published
+//! back whole if the stamp changed. Loom models of the batch path:
+//! `loom_a_batch_reader_across_segment_boundaries_reads_every_event` and
+//! `loom_a_batch_reader_racing_release_and_reuse_never_sees_the_new_owner`. A read that finds nothing published
 //! adds one `fence(Acquire)` and stamp load before it answers `Pending`.
 //! Copies of 256 bytes or more are one `rep movsb` on x86-64
 //! (`crate::words::load_words`).

@@ -37,10 +37,24 @@ impl Window {
     /// The sequence number of the oldest frame still held; `high_water + 1`
     /// when nothing is held.
     pub(crate) fn oldest_retained(&self, pool: &Pool) -> u64 {
-        if let Some(oldest) = SegRef::unpack(self.oldest.load(Ordering::Acquire)) {
+        let mut word = self.oldest.load(Ordering::Acquire);
+        for _ in 0..=MAX_RELOCATIONS {
+            let Some(oldest) = SegRef::unpack(word) else {
+                break;
+            };
             if let Some(h) = read_header(pool, oldest) {
                 return h.first_seq;
             }
+            // Released under this read: retention has moved the oldest on
+            // (it swings the word before it frees the segment). Answering
+            // "nothing held" would send a reader that lagged past events
+            // the window still holds; look again, with an RMW that changes
+            // nothing, so as to read the latest word (as in `locate`).
+            let again = self.oldest.fetch_add(0, Ordering::Acquire);
+            if again == word {
+                break;
+            }
+            word = again;
         }
         self.high_water(pool) + 1
     }
@@ -474,15 +488,36 @@ impl Window {
     /// back links, or forward from the oldest along the seals' links).
     /// Each step reads one segment header.
     fn locate(&self, pool: &Pool, owner: Owner, seq: u64) -> Locate {
-        let head_word = self.head.load(Ordering::Acquire);
-        if head_word == CLOSED {
-            return Locate::Ended;
-        }
-        let Some(head) = SegRef::unpack(head_word) else {
-            return Locate::NotYet;
-        };
-        let Some(head_header) = read_header(pool, head) else {
-            return Locate::Gone;
+        let mut head_word = self.head.load(Ordering::Acquire);
+        let mut moves = 0;
+        let (head, head_header) = loop {
+            if head_word == CLOSED {
+                return Locate::Ended;
+            }
+            let Some(head) = SegRef::unpack(head_word) else {
+                return Locate::NotYet;
+            };
+            if let Some(h) = read_header(pool, head) {
+                break (head, h);
+            }
+            // The segment this load saw as the head was released before
+            // its header was read: the head has moved on meanwhile
+            // (appends linked new segments and retention released this
+            // one), and answering `Gone` for a stale head would tell the
+            // reader of a gap that is not there. Look again with an RMW
+            // that changes nothing: unlike a load, it reads the latest
+            // head (a load may return the stale word again under the
+            // memory model, as the loom model
+            // `loom_a_batch_reader_racing_release_and_reuse_never_sees_the_new_owner`
+            // showed). Only the same head word again means the window
+            // itself no longer holds that segment. Rare: once per read
+            // that races a release, never on a placed reader's path.
+            let again = self.head.fetch_add(0, Ordering::Acquire);
+            moves += 1;
+            if again == head_word || moves > MAX_RELOCATIONS {
+                return Locate::Gone;
+            }
+            head_word = again;
         };
         if !is_owner(&head_header, owner) {
             return Locate::Gone;
