@@ -216,7 +216,11 @@ impl Window {
             if events.len() >= max_events || buf.len() >= max_bytes {
                 return None;
             }
-            if run_placed(pool, cursor, stream, buf, events, max_events, max_bytes) {
+            // A run that ended at the claims the reader had seen has nothing
+            // more to copy: go straight to learning more.
+            if !at_seen_claims_end(cursor)
+                && run_placed(pool, cursor, stream, buf, events, max_events, max_bytes)
+            {
                 continue;
             }
             // The run stopped at the claims the reader had seen or at the
@@ -224,10 +228,9 @@ impl Window {
             // successor, and run again without the single-frame path.
             match self.claimed(pool, owner, cursor) {
                 Claimed::Not(read) => return Some(read),
-                Claimed::At(pos) => {
-                    let moved = cursor.at != Some(pos);
-                    cursor.at = Some(pos);
-                    if moved && run_placed(pool, cursor, stream, buf, events, max_events, max_bytes)
+                Claimed::At { changed } => {
+                    if changed
+                        && run_placed(pool, cursor, stream, buf, events, max_events, max_bytes)
                     {
                         continue;
                     }
@@ -255,7 +258,7 @@ impl Window {
         let base = buf.len();
         loop {
             let mut pos = match self.claimed(pool, owner, cursor) {
-                Claimed::At(pos) => pos,
+                Claimed::At { .. } => cursor.at.expect("a claimed frame has a position"),
                 Claimed::Not(read) => return read,
             };
             let index = (cursor.seq - pos.first_seq) as u32;
@@ -329,9 +332,16 @@ impl Window {
     /// saw, and a sealed segment left for its successor once the reader has
     /// passed its last frame. `Not` is why there is no such frame to read
     /// yet: pending, ended, or lost under the reader.
+    ///
+    /// The position is updated where it is, in `cursor.at`, never copied
+    /// out whole: the batch path calls this right after storing one field
+    /// of it, and a whole-struct load of those bytes would wait for that
+    /// store to reach the cache (a store-forwarding stall at every segment
+    /// boundary of a batch).
     #[inline]
     fn claimed(&self, pool: &Pool, owner: Owner, cursor: &mut Cursor) -> Claimed {
         let mut relocations = 0;
+        let mut changed = false;
         macro_rules! lost {
             () => {
                 match self.lost(pool, owner, cursor) {
@@ -350,27 +360,31 @@ impl Window {
             };
         }
         loop {
-            let mut pos = match cursor.at {
+            let seq = cursor.seq;
+            let pos = match &mut cursor.at {
                 Some(pos) => pos,
-                None => match self.locate(pool, owner, cursor.seq) {
-                    Locate::At(pos) => pos,
-                    Locate::NotYet => return Claimed::Not(Read::Pending),
-                    Locate::Gone => {
-                        return Claimed::Not(Read::Lagged {
-                            missing: cursor.seq,
-                        })
+                at @ None => match self.locate(pool, owner, seq) {
+                    Locate::At(pos) => {
+                        changed = true;
+                        at.insert(pos)
                     }
+                    Locate::NotYet => return Claimed::Not(Read::Pending),
+                    Locate::Gone => return Claimed::Not(Read::Lagged { missing: seq }),
                     Locate::Ended => return Claimed::Not(Read::Ended),
                 },
             };
-            let index = (cursor.seq - pos.first_seq) as u32;
+            let index = (seq - pos.first_seq) as u32;
             if index < pos.known {
-                return Claimed::At(pos);
+                return Claimed::At { changed };
             }
+            changed = true;
             let state = State::decode(
                 pool.state(pos.seg.unit).load(Ordering::Acquire),
                 pos.seg.stamp,
             );
+            // The successor's header, once read to learn the sealed count:
+            // moving on to it needs nothing else.
+            let mut successor = None;
             let count = match state {
                 None => lost!(),
                 Some(State::Open { count, .. } | State::Last { count, .. }) => count,
@@ -383,6 +397,7 @@ impl Window {
                         match read_header(pool, n) {
                             Some(h) if h.owner_epoch == owner.epoch && h.prev == pos.seg.pack() => {
                                 pos.sealed_count = (h.first_seq - pos.first_seq) as u32;
+                                successor = Some((n, h));
                             }
                             _ => lost!(),
                         }
@@ -392,26 +407,26 @@ impl Window {
             };
             if index < count {
                 pos.known = count;
-                return Claimed::At(pos);
+                return Claimed::At { changed };
             }
             match state {
                 Some(State::Next { next }) if index == count => {
-                    let n = SegRef {
-                        unit: next,
-                        stamp: pool.stamp_now(next, Ordering::Acquire),
-                    };
-                    match read_header(pool, n) {
-                        Some(h) if is_owner(&h, owner) && h.prev == pos.seg.pack() => {
-                            cursor.at = Some(Pos::start(n, &h));
+                    let found = successor.or_else(|| {
+                        let n = SegRef {
+                            unit: next,
+                            stamp: pool.stamp_now(next, Ordering::Acquire),
+                        };
+                        read_header(pool, n).map(|h| (n, h))
+                    });
+                    match found {
+                        Some((n, h)) if is_owner(&h, owner) && h.prev == pos.seg.pack() => {
+                            *pos = Pos::start(n, &h);
                         }
                         _ => lost!(),
                     }
                 }
                 Some(State::Last { .. }) => return Claimed::Not(Read::Ended),
-                _ => {
-                    cursor.at = Some(pos);
-                    return Claimed::Not(Read::Pending);
-                }
+                _ => return Claimed::Not(Read::Pending),
             }
         }
     }
@@ -622,8 +637,9 @@ pub(in crate::storage) fn walk_forward(
 
 /// What [`Window::claimed`] found.
 enum Claimed {
-    /// The frame is claimed; the reader's position, claims up to date.
-    At(Pos),
+    /// The frame is claimed; `cursor.at` is the reader's position, claims
+    /// up to date. `changed`: the position or its claims moved.
+    At { changed: bool },
     /// No frame to read: this is the answer.
     Not(Read),
 }
@@ -861,6 +877,17 @@ fn run_placed(
     *seq = next;
     pos.offset = at as u32;
     true
+}
+
+/// Whether `cursor` is placed just past the last claim its position has
+/// seen (where [`run_placed`] would copy nothing). Reads the fields where
+/// they are: the run has just stored one of them.
+#[inline(always)]
+fn at_seen_claims_end(cursor: &Cursor) -> bool {
+    cursor
+        .at
+        .as_ref()
+        .is_some_and(|p| cursor.seq >= p.first_seq + u64::from(p.known))
 }
 
 /// Appends `len` payload bytes out of `words` to `buf`, copied into its
