@@ -37,26 +37,10 @@ impl Window {
     /// The sequence number of the oldest frame still held; `high_water + 1`
     /// when nothing is held.
     pub(crate) fn oldest_retained(&self, pool: &Pool) -> u64 {
-        let mut word = self.oldest.load(Ordering::Acquire);
-        for _ in 0..=MAX_RELOCATIONS {
-            let Some(oldest) = SegRef::unpack(word) else {
-                break;
-            };
-            if let Some(h) = read_header(pool, oldest) {
-                return h.first_seq;
-            }
-            // Released under this read: retention has moved the oldest on
-            // (it swings the word before it frees the segment). Answering
-            // "nothing held" would send a reader that lagged past events
-            // the window still holds; look again, with an RMW that changes
-            // nothing, so as to read the latest word (as in `locate`).
-            let again = self.oldest.fetch_add(0, Ordering::Acquire);
-            if again == word {
-                break;
-            }
-            word = again;
+        match current_header(pool, &self.oldest) {
+            (_, Some((_, h))) => h.first_seq,
+            _ => self.high_water(pool) + 1,
         }
-        self.high_water(pool) + 1
     }
 
     /// A cursor whose first read returns the frame after `after`.
@@ -503,36 +487,13 @@ impl Window {
     /// back links, or forward from the oldest along the seals' links).
     /// Each step reads one segment header.
     fn locate(&self, pool: &Pool, owner: Owner, seq: u64) -> Locate {
-        let mut head_word = self.head.load(Ordering::Acquire);
-        let mut moves = 0;
-        let (head, head_header) = loop {
-            if head_word == CLOSED {
-                return Locate::Ended;
-            }
-            let Some(head) = SegRef::unpack(head_word) else {
-                return Locate::NotYet;
+        let (head_word, found) = current_header(pool, &self.head);
+        let Some((head, head_header)) = found else {
+            return match head_word {
+                CLOSED => Locate::Ended,
+                0 => Locate::NotYet,
+                _ => Locate::Gone,
             };
-            if let Some(h) = read_header(pool, head) {
-                break (head, h);
-            }
-            // The segment this load saw as the head was released before
-            // its header was read: the head has moved on meanwhile
-            // (appends linked new segments and retention released this
-            // one), and answering `Gone` for a stale head would tell the
-            // reader of a gap that is not there. Look again with an RMW
-            // that changes nothing: unlike a load, it reads the latest
-            // head (a load may return the stale word again under the
-            // memory model, as the loom model
-            // `loom_a_batch_reader_racing_release_and_reuse_never_sees_the_new_owner`
-            // showed). Only the same head word again means the window
-            // itself no longer holds that segment. Rare: once per read
-            // that races a release, never on a placed reader's path.
-            let again = self.head.fetch_add(0, Ordering::Acquire);
-            moves += 1;
-            if again == head_word || moves > MAX_RELOCATIONS {
-                return Locate::Gone;
-            }
-            head_word = again;
         };
         if !is_owner(&head_header, owner) {
             return Locate::Gone;
@@ -582,6 +543,39 @@ impl Window {
         }
         Locate::Gone
     }
+}
+
+/// The segment a window word (its head or its oldest) names, with its
+/// header: `(word, Some(..))`, or `(word, None)` when the word names none
+/// (0, `CLOSED`) or the window no longer holds the segment.
+///
+/// A segment met released was overtaken, not lost: appends linked new
+/// segments and retention released this one (the head and the oldest
+/// word are swung before their segment is freed), and answering "gone"
+/// or "nothing held" would tell a reader of a gap that is not there. So
+/// the word is read again with an RMW that changes nothing — unlike a
+/// load, it reads the latest value (a load may return the stale word
+/// again under the memory model, as the loom model
+/// `loom_a_batch_reader_racing_release_and_reuse_never_sees_the_new_owner`
+/// showed) — and only the same word again means the window itself no
+/// longer holds that segment. Rare: once per placement that races a
+/// release, never on a placed reader's path.
+fn current_header(pool: &Pool, word: &AtomicU64) -> (u64, Option<(SegRef, SegmentHeader)>) {
+    let mut w = word.load(Ordering::Acquire);
+    for _ in 0..=MAX_RELOCATIONS {
+        let Some(seg) = SegRef::unpack(w) else {
+            return (w, None);
+        };
+        if let Some(h) = read_header(pool, seg) {
+            return (w, Some((seg, h)));
+        }
+        let again = word.fetch_add(0, Ordering::Acquire);
+        if again == w {
+            break;
+        }
+        w = again;
+    }
+    (w, None)
 }
 
 /// [`Window::locate`] from the oldest end: follows the seals' forward links
