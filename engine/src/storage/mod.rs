@@ -140,8 +140,9 @@
 //! sealed segment's final count and where the reader goes on. Loom models
 //! of the batch path:
 //! `loom_a_batch_reader_across_segment_boundaries_reads_every_event` and
-//! `loom_a_batch_reader_racing_release_and_reuse_never_sees_the_new_owner`. A read that finds nothing published
-//! adds one `fence(Acquire)` and stamp load before it answers `Pending`.
+//! `loom_a_batch_reader_racing_release_and_reuse_never_sees_the_new_owner`.
+//! A read that finds nothing published adds one `fence(Acquire)` and stamp
+//! load before it answers `Pending`.
 //! Copies of 256 bytes or more are one `rep movsb` on x86-64
 //! (`crate::words::load_words`).
 //!
