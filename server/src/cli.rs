@@ -51,6 +51,11 @@ pub enum Command {
     /// Inspect a data directory of durable sessions
     #[command(subcommand)]
     Data(DataCommand),
+    /// Compile one policy module for `rewind serve` (the child process of
+    /// `--policy-compiler child`: a request on stdin, the compiled module on
+    /// stdout); not meant to be run by hand
+    #[command(hide = true)]
+    CompilePolicy,
 }
 
 /// `rewind data ...`

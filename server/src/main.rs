@@ -16,7 +16,9 @@ use std::time::Duration;
 
 use axum::serve::ListenerExt as _;
 use clap::{ArgMatches, CommandFactory, FromArgMatches};
-use rewind_engine::policy::wasm::{HostError, PolicyHost, PolicyHostConfig};
+use rewind_engine::policy::wasm::{
+    compile_child_main, ChildCompiler, HostError, PolicyCompiler, PolicyHost, PolicyHostConfig,
+};
 use rewind_engine::Engine;
 use rewind_server::admin::{self, AdminState};
 use rewind_server::cli::{self, Cli, Command};
@@ -25,7 +27,9 @@ use rewind_server::mcp::{self, HostPolicy, McpOptions, OriginPolicy};
 use rewind_server::metrics::ServerMetrics;
 use rewind_server::policy_store::{PolicyStore, StoredPolicy};
 use rewind_server::reference::ReferenceServer;
-use rewind_server::settings::{HttpSettings, LogFormat, ServeArgs, Settings};
+use rewind_server::settings::{
+    HttpSettings, LogFormat, PolicyCompilerSetting, ServeArgs, Settings,
+};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
@@ -47,6 +51,7 @@ fn main() -> ExitCode {
         Some(Command::Demo) => demo::run(),
         Some(Command::Data(command)) => cli::run_data(command).map_err(Into::into),
         Some(Command::Load(args)) => return rewind_load::main(args),
+        Some(Command::CompilePolicy) => return compile_child_main(),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -59,19 +64,46 @@ fn main() -> ExitCode {
 
 type BoxError = Box<dyn std::error::Error>;
 
+/// The policy host's configuration: where it compiles is the one setting.
+fn policy_host_config(compiler: PolicyCompilerSetting) -> PolicyHostConfig {
+    match compiler {
+        PolicyCompilerSetting::InProcess => PolicyHostConfig::default(),
+        PolicyCompilerSetting::Child => {
+            // On Linux `/proc/self/exe` is this process's own executable,
+            // even if its path has been replaced since it started (an
+            // upgrade in place): the child is always the same build.
+            let program = if cfg!(target_os = "linux") {
+                Some("/proc/self/exe".into())
+            } else {
+                std::env::current_exe().ok()
+            };
+            let Some(program) = program else {
+                tracing::warn!("cannot find this executable to run as the policy compiler; compiling policies in this process");
+                return PolicyHostConfig::default();
+            };
+            // SAFETY: `program` is this executable (the same build, hence
+            // the same wasmtime), and its `compile-policy` command calls
+            // `compile_child_main` and nothing else (see `main`).
+            let child = unsafe { ChildCompiler::new(program, ["compile-policy"]) };
+            PolicyHostConfig::default().compiler(PolicyCompiler::ChildProcess(child))
+        }
+    }
+}
+
 fn serve(args: &ServeArgs, matches: &ArgMatches) -> Result<(), BoxError> {
     let settings = Settings::resolve(args, Some(matches))?;
     init_logs(settings.log_format);
 
+    let host_config = policy_host_config(settings.policy_compiler);
     let host = Arc::new(match &settings.policy {
-        None => PolicyHost::with_default_policy()?,
+        None => PolicyHost::new(host_config)?,
         Some(path) => {
             let wasm = std::fs::read(path)
                 .map_err(|e| format!("cannot read policy {}: {e}", path.display()))?;
             let name = path
                 .file_stem()
                 .map_or_else(|| "policy".into(), |s| s.to_string_lossy());
-            PolicyHost::with_policy(PolicyHostConfig::default(), &name, &wasm).map_err(|e| {
+            PolicyHost::with_policy(host_config, &name, &wasm).map_err(|e| {
                 let why = match e {
                     HostError::Validation(report) => describe_validation(&report),
                     other => other.to_string(),

@@ -15,6 +15,7 @@
 //! admin_token = "..."              # bearer token; generated when absent
 //! policy = "policies/strict.wasm"  # relative to this file; default: embedded
 //! policy_dir = "policies/live"     # keeps pushed policies across restarts
+//! policy_compiler = "child"        # or "in-process": where policies are compiled
 //!
 //! log_format = "text"             # or "json": one JSON object per log line
 //!
@@ -89,6 +90,11 @@ pub struct ServeArgs {
     /// a pushed policy lasts until the server stops]
     #[arg(long, env = "REWIND_POLICY_DIR", value_name = "DIR")]
     pub policy_dir: Option<PathBuf>,
+    /// Where policies are compiled: "child" (a short-lived child process,
+    /// so the compiler's code never occupies the server's memory) or
+    /// "in-process" [default: child]
+    #[arg(long, env = "REWIND_POLICY_COMPILER", value_name = "WHERE")]
+    pub policy_compiler: Option<PolicyCompilerSetting>,
     /// Events each session keeps, at least [default: 1024]
     #[arg(long, env = "REWIND_SESSION_EVENTS", value_name = "N")]
     pub session_events: Option<u64>,
@@ -167,6 +173,19 @@ pub struct ServeArgs {
     pub node_id: Option<u16>,
 }
 
+/// Where `rewind serve` compiles policy plugins.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum PolicyCompilerSetting {
+    /// A child process (`rewind` itself) per compile: the compiler's code
+    /// is never mapped in the server, and a module that crashes the
+    /// compiler or compiles forever only takes the child down.
+    #[default]
+    Child,
+    /// The server process.
+    InProcess,
+}
+
 /// How log lines are written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
@@ -229,6 +248,8 @@ pub struct FileSettings {
     pub policy: Option<PathBuf>,
     /// `policy_dir`, relative to the file's directory
     pub policy_dir: Option<PathBuf>,
+    /// `policy_compiler`
+    pub policy_compiler: Option<PolicyCompilerSetting>,
     /// `log_format`
     pub log_format: Option<LogFormat>,
     /// `[http]`
@@ -305,6 +326,8 @@ pub struct Settings {
     /// Where pushed policies are kept across restarts
     /// ([`crate::policy_store`]); `None`: nowhere.
     pub policy_dir: Option<PathBuf>,
+    /// Where policies are compiled.
+    pub policy_compiler: PolicyCompilerSetting,
     /// The engine's configuration (already validated).
     pub engine: Config,
     /// The MCP endpoint's HTTP settings.
@@ -477,6 +500,7 @@ fn flag_name(id: &'static str) -> &'static str {
         "admin_token" => "admin-token",
         "policy" => "policy",
         "policy_dir" => "policy-dir",
+        "policy_compiler" => "policy-compiler",
         "session_events" => "session-events",
         "session_bytes" => "session-bytes",
         "reader_hold_bytes" => "reader-hold-bytes",
@@ -547,6 +571,12 @@ impl Settings {
             "REWIND_POLICY_DIR",
             args.policy_dir.clone(),
             file.policy_dir,
+        );
+        let (policy_compiler, _) = r.pick(
+            "policy_compiler",
+            "REWIND_POLICY_COMPILER",
+            args.policy_compiler,
+            file.policy_compiler,
         );
         let (log_format, _) = r.pick(
             "log_format",
@@ -786,6 +816,7 @@ impl Settings {
             admin_token,
             policy,
             policy_dir,
+            policy_compiler: policy_compiler.unwrap_or_default(),
             engine,
             http,
             log_format: log_format.unwrap_or_default(),
@@ -1164,6 +1195,26 @@ mod tests {
         let file = parse("log_format = \"json\"\n").unwrap();
         let s = Settings::resolve_with_file(&ServeArgs::default(), None, file, None).unwrap();
         assert_eq!(s.log_format, LogFormat::Json);
+    }
+
+    #[test]
+    fn policies_compile_in_a_child_unless_a_flag_or_the_file_says_otherwise() {
+        let s = Settings::resolve(&ServeArgs::default(), None).unwrap();
+        assert_eq!(s.policy_compiler, PolicyCompilerSetting::Child);
+        let file = parse("policy_compiler = \"in-process\"\n").unwrap();
+        let s = Settings::resolve_with_file(&ServeArgs::default(), None, file, None).unwrap();
+        assert_eq!(s.policy_compiler, PolicyCompilerSetting::InProcess);
+        let args = ServeArgs {
+            policy_compiler: Some(PolicyCompilerSetting::Child),
+            ..ServeArgs::default()
+        };
+        let file = parse("policy_compiler = \"in-process\"\n").unwrap();
+        let s = Settings::resolve_with_file(&args, None, file, None).unwrap();
+        assert_eq!(s.policy_compiler, PolicyCompilerSetting::Child);
+        let e = parse("policy_compiler = \"elsewhere\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("elsewhere") && e.contains("in-process"), "{e}");
     }
 
     #[test]

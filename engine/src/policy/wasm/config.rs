@@ -1,5 +1,6 @@
 //! Budgets and switches of a [`PolicyHost`](super::PolicyHost).
 
+use std::ffi::OsString;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -55,8 +56,83 @@ pub struct PolicyHostConfig {
     /// A directory for wasmtime's cache of compiled modules (keyed by the
     /// module's bytes and this host's compiler settings, so it only ever
     /// hands back code that a host with the same settings compiled). `None`
-    /// (the default) compiles every load.
+    /// (the default) compiles every load. Used by whichever process
+    /// compiles (see [`compiler`](Self::compiler)).
     pub compilation_cache_dir: Option<PathBuf>,
+    /// Where a module's wasm is compiled to machine code: in this process
+    /// (the default), or in a child process that hands back the compiled
+    /// code.
+    pub compiler: PolicyCompiler,
+}
+
+/// Where a [`PolicyHost`](super::PolicyHost) compiles the modules it loads.
+///
+/// Compiling is the only time the host runs wasmtime's compiler
+/// (Cranelift, its register allocator, the wasm parser): several MiB of
+/// machine code that a process which only *runs* policies never needs
+/// resident. [`ChildProcess`](Self::ChildProcess) keeps that code out of
+/// this process: the child compiles and exits, and this process maps the
+/// compiled code it hands back. It also confines what a hostile module can
+/// do to the compiler (a crash, memory, a compile that never ends) to the
+/// child, which is killed after [`ChildCompiler::timeout`].
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum PolicyCompiler {
+    /// Compile in this process (what an embedder gets by default).
+    #[default]
+    InProcess,
+    /// Compile in a child process.
+    ChildProcess(ChildCompiler),
+}
+
+/// The child process a [`PolicyCompiler::ChildProcess`] runs for each
+/// module: a program whose `main` calls
+/// [`compile_child_main`](super::compile_child_main).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChildCompiler {
+    pub(crate) program: PathBuf,
+    pub(crate) args: Vec<OsString>,
+    pub(crate) timeout: Duration,
+}
+
+impl ChildCompiler {
+    /// How long a compile may take by default before the child is killed.
+    pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
+
+    /// Runs `program` with `args` for each module to compile.
+    ///
+    /// # Safety
+    ///
+    /// The host loads what the child writes as compiled machine code and
+    /// runs it: `program` run with `args` must answer exactly as
+    /// [`compile_child_main`](super::compile_child_main) does, built with
+    /// this version of this crate (the same wasmtime). wasmtime checks the
+    /// version and compiler settings recorded in the code it is handed, but
+    /// cannot check that the code is what compiling the module produces.
+    /// The program's own executable (`/proc/self/exe`) with an argument
+    /// that makes its `main` call `compile_child_main` meets this.
+    pub unsafe fn new(
+        program: impl Into<PathBuf>,
+        args: impl IntoIterator<Item = impl Into<OsString>>,
+    ) -> ChildCompiler {
+        ChildCompiler {
+            program: program.into(),
+            args: args.into_iter().map(Into::into).collect(),
+            timeout: Self::DEFAULT_TIMEOUT,
+        }
+    }
+
+    /// Sets how long one compile may take before the child is killed and
+    /// the load refused ([`DEFAULT_TIMEOUT`](Self::DEFAULT_TIMEOUT)).
+    pub fn timeout(mut self, timeout: Duration) -> ChildCompiler {
+        self.timeout = timeout;
+        self
+    }
+
+    /// The program run for each compile.
+    pub fn program(&self) -> &std::path::Path {
+        &self.program
+    }
 }
 
 /// When a live generation is rolled back automatically.
@@ -92,6 +168,7 @@ impl Default for PolicyHostConfig {
             validation_seed: 0x5EED_2E51_0DE0_0001,
             auto_rollback: Some(AutoRollback::default()),
             compilation_cache_dir: None,
+            compiler: PolicyCompiler::InProcess,
         }
     }
 }
@@ -138,6 +215,12 @@ impl PolicyHostConfig {
     /// Sets [`compilation_cache_dir`](Self::compilation_cache_dir).
     pub fn compilation_cache_dir(mut self, dir: Option<PathBuf>) -> Self {
         self.compilation_cache_dir = dir;
+        self
+    }
+
+    /// Sets [`compiler`](Self::compiler).
+    pub fn compiler(mut self, compiler: PolicyCompiler) -> Self {
+        self.compiler = compiler;
         self
     }
 }

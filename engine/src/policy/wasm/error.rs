@@ -37,6 +37,20 @@ pub enum LoadError {
     /// The bytes are not a valid WebAssembly module (or do not compile).
     #[error("not a valid WebAssembly module: {0:#}")]
     Compile(#[source] wasmtime::Error),
+    /// The child process that compiles modules
+    /// ([`PolicyCompiler::ChildProcess`](super::PolicyCompiler::ChildProcess))
+    /// failed: it could not be started, crashed, ran past its timeout, or
+    /// handed back code this host cannot load. Nothing was loaded.
+    #[error("the policy compiler {} {problem}", program.display())]
+    Compiler {
+        /// The program that was run.
+        program: PathBuf,
+        /// What went wrong, ending with the error underneath (if any).
+        problem: String,
+        /// The operating system's or wasmtime's error, if there was one.
+        #[source]
+        source: Option<Box<dyn std::error::Error + Send + Sync>>,
+    },
     /// The module imports something; policies must import nothing.
     #[error("the module imports `{module}::{name}`; a policy must import nothing")]
     Import {

@@ -8,9 +8,10 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use rewind_policy_sdk::ResumeFacts;
-use wasmtime::{Cache, CacheConfig, Config, Engine, OptLevel, Strategy};
+use wasmtime::Engine;
 
 use super::cache;
+use super::compiler::build_engine;
 use super::config::PolicyHostConfig;
 use super::error::{HostError, LoadError, RollbackError, SwapError};
 use super::generation::{Generation, LiveGeneration};
@@ -310,25 +311,4 @@ impl Policy for PolicyHost {
         let live = self.live.load();
         format!("wasm:{}#{}", live.module.name(), live.number)
     }
-}
-
-fn build_engine(config: &PolicyHostConfig) -> Result<Engine, HostError> {
-    let mut wasm = Config::new();
-    wasm.strategy(Strategy::Cranelift)
-        .cranelift_opt_level(OptLevel::Speed)
-        .consume_fuel(true)
-        .epoch_interruption(true)
-        .max_wasm_stack(config.max_wasm_stack_bytes)
-        // A policy is a few functions: compiling them on one thread takes
-        // no longer, and parallel compilation would start a rayon pool
-        // (one thread per core, each with its stack and malloc arena)
-        // that then idles for the life of the process.
-        .parallel_compilation(false);
-    if let Some(dir) = &config.compilation_cache_dir {
-        let mut cache = CacheConfig::new();
-        cache.with_directory(dir);
-        let cache = Cache::new(cache).map_err(HostError::Engine)?;
-        wasm.cache(Some(cache));
-    }
-    Engine::new(&wasm).map_err(HostError::Engine)
 }

@@ -10,7 +10,9 @@
 //! # What the host does
 //!
 //! - **Load** ([`PolicyHost::load`], [`PolicyHost::load_file`], memory-mapped):
-//!   compile with Cranelift, then refuse, with a [`LoadError`] that says
+//!   compile with Cranelift (in this process, or in a child process that
+//!   keeps the compiler's code and a hostile module's compile out of this
+//!   one: [`PolicyCompiler`]), then refuse, with a [`LoadError`] that says
 //!   what is wrong, any module that is not wasm, imports anything, lacks an
 //!   export or has one of the wrong type, starts with more memory than the
 //!   cap, declares another ABI version, or points its facts buffer outside
@@ -69,12 +71,13 @@
 //! stats       per-generation counters, status types    (no sibling imports)
 //! report      what validation found                    (no sibling imports)
 //! error       what can go wrong                        <- report
+//! compiler    wasm to machine code, here or in a child <- config, error
 //! instance    one Store + typed call                   <- config, error
-//! module      compile and check at load                <- config, error, instance
+//! module      compile and check at load                <- compiler, config, error, instance
 //! validate    run a candidate on the vectors           <- config, instance, module, report, vectors
 //! generation  a published module; the live pointer     <- config, module, stats
 //! cache       per-thread instances, the hot path       <- generation, instance
-//! host        PolicyHost: load, swap, roll back        <- cache, config, error, generation,
+//! host        PolicyHost: load, swap, roll back        <- cache, compiler, config, error, generation,
 //!                                                         module, plugins, report, stats,
 //!                                                         ticker, validate
 //! ```
@@ -102,6 +105,7 @@
 //! ```
 
 mod cache;
+mod compiler;
 mod config;
 mod error;
 mod generation;
@@ -115,7 +119,8 @@ mod ticker;
 mod validate;
 pub mod vectors;
 
-pub use config::{AutoRollback, PolicyHostConfig};
+pub use compiler::compile_child_main;
+pub use config::{AutoRollback, ChildCompiler, PolicyCompiler, PolicyHostConfig};
 pub use error::{HostError, LoadError, RollbackError, SwapError};
 pub use host::PolicyHost;
 pub use module::PolicyModule;

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use rewind_policy_sdk::{EXPORT_ABI_VERSION, EXPORT_DECIDE, EXPORT_FACTS_PTR, EXPORT_MEMORY};
 use wasmtime::{Engine, ExternType, Module, ValType};
 
+use super::compiler::compile;
 use super::config::PolicyHostConfig;
 use super::error::{LoadError, A_LINEAR_MEMORY, NO_ARGS_TO_I32};
 use super::instance::PolicyInstance;
@@ -45,14 +46,14 @@ impl PolicyModule {
         &self.module
     }
 
-    /// Compiles and checks `bytes`.
+    /// Compiles (where `config` says) and checks `bytes`.
     pub(crate) fn load(
         engine: &Engine,
         config: &PolicyHostConfig,
         name: &str,
         bytes: &[u8],
     ) -> Result<PolicyModule, LoadError> {
-        let module = Module::new(engine, bytes).map_err(LoadError::Compile)?;
+        let module = compile(engine, config, bytes)?;
         check_imports(&module)?;
         check_exports(&module, config)?;
         // Instantiating once runs the probes: ABI version, facts pointer.

@@ -1,0 +1,144 @@
+//! Policies compiled in a child process (`rewind compile-policy`, what
+//! `rewind serve` does by default) load, refuse and decide exactly as
+//! policies compiled in the host's own process; a child that fails, hangs
+//! or cannot be started is a clear load error and loads nothing.
+
+use std::time::Duration;
+
+use rewind_engine::policy::wasm::plugins::{self, fixtures};
+use rewind_engine::policy::wasm::vectors::{decision_table, RandomFacts};
+use rewind_engine::policy::wasm::{
+    ChildCompiler, HostError, LoadError, PolicyCompiler, PolicyHost, PolicyHostConfig,
+};
+use rewind_engine::policy::Policy;
+
+/// The configuration `rewind serve` uses: this workspace's `rewind` binary
+/// as the compiler.
+fn child_config() -> PolicyHostConfig {
+    // SAFETY: `rewind compile-policy` calls `compile_child_main` and
+    // nothing else, and this test links the same `rewind-engine` as it.
+    let child = unsafe { ChildCompiler::new(env!("CARGO_BIN_EXE_rewind"), ["compile-policy"]) };
+    PolicyHostConfig::default().compiler(PolicyCompiler::ChildProcess(child))
+}
+
+/// A host whose compiler is `program` with `args`, which never gets as far
+/// as handing back code (so no contract of `ChildCompiler::new` is at
+/// stake); returns why it could not start.
+fn host_with_failing_compiler(program: &str, args: &[&str], timeout: Duration) -> LoadError {
+    // SAFETY: none of the programs these tests run exits 0, so the host
+    // never loads anything they write.
+    let child = unsafe { ChildCompiler::new(program, args.iter().copied()) }.timeout(timeout);
+    let config = PolicyHostConfig::default().compiler(PolicyCompiler::ChildProcess(child));
+    match PolicyHost::new(config) {
+        Err(HostError::Load(e)) => e,
+        Err(other) => panic!("expected a load error, got {other}"),
+        Ok(_) => panic!("a host started although its compiler cannot compile"),
+    }
+}
+
+#[test]
+fn policies_compiled_by_the_child_decide_as_the_same_policies_compiled_in_process() {
+    let child = PolicyHost::new(child_config()).expect("the default policy compiles in a child");
+    let here = PolicyHost::with_default_policy().unwrap();
+    for (name, wasm) in [
+        ("strict", plugins::STRICT),
+        ("status-400", plugins::STATUS_400),
+    ] {
+        let from_child = child.load(name, wasm).unwrap();
+        let from_here = here.load(name, wasm).unwrap();
+        assert!(child.validate(&from_child).passed());
+        child.swap(&from_child).unwrap();
+        here.swap(&from_here).unwrap();
+        let mut random = RandomFacts::new(7);
+        let facts = decision_table()
+            .into_iter()
+            .chain(random.by_ref().take(500));
+        let mut compared = 0;
+        for facts in facts {
+            let (a, b) = (child.decide(&facts), here.decide(&facts));
+            assert_eq!(
+                (a.code, a.fault),
+                (b.code, b.fault),
+                "{name} answered differently for {facts:?}"
+            );
+            compared += 1;
+        }
+        assert!(compared > 500);
+    }
+    assert_eq!(child.live_generation(), 3);
+}
+
+#[test]
+fn a_module_is_refused_with_the_same_words_whichever_process_compiles_it() {
+    let child = PolicyHost::new(child_config()).unwrap();
+    let here = PolicyHost::with_default_policy().unwrap();
+    let truncated = &plugins::DEFAULT[..plugins::DEFAULT.len() / 2];
+    for (what, wasm) in [
+        ("not wasm", &b"#!/bin/sh\necho hi\n"[..]),
+        ("empty", &b""[..]),
+        ("a header and nothing else", &b"\0asm\x01\0\0\0\x05"[..]),
+        ("truncated", truncated),
+        ("wrong ABI", fixtures::WRONG_ABI),
+        ("imports", fixtures::IMPORTS),
+    ] {
+        let from_child = child.load(what, wasm).unwrap_err();
+        let from_here = here.load(what, wasm).unwrap_err();
+        assert_eq!(from_child.to_string(), from_here.to_string(), "{what}");
+        assert!(
+            !matches!(from_child, LoadError::Compiler { .. }),
+            "{what}: {from_child}"
+        );
+    }
+    // The refusals changed nothing: the default policy is still live.
+    assert_eq!(child.live_generation(), 1);
+}
+
+#[test]
+fn a_compiler_that_never_answers_is_killed_after_its_timeout() {
+    let e = host_with_failing_compiler("sleep", &["60"], Duration::from_millis(300));
+    let text = e.to_string();
+    assert!(matches!(e, LoadError::Compiler { .. }), "{text}");
+    assert!(
+        text.contains("sleep") && text.contains("did not finish within 300ms and was killed"),
+        "{text}"
+    );
+}
+
+#[test]
+fn a_compiler_that_fails_is_reported_with_its_status_and_what_it_said() {
+    let e = host_with_failing_compiler(
+        "sh",
+        &[
+            "-c",
+            "cat > /dev/null; echo 'compiler fell over' >&2; exit 7",
+        ],
+        Duration::from_secs(30),
+    );
+    let text = e.to_string();
+    assert!(matches!(e, LoadError::Compiler { .. }), "{text}");
+    assert!(
+        text.contains("failed (exit status: 7): compiler fell over"),
+        "{text}"
+    );
+    // A child that does not even read its request: the same report.
+    let e = host_with_failing_compiler("sh", &["-c", "exit 9"], Duration::from_secs(30));
+    assert!(e.to_string().contains("failed (exit status: 9)"), "{e}");
+}
+
+#[test]
+fn a_compiler_that_cannot_be_started_is_named_in_the_error() {
+    let e = host_with_failing_compiler(
+        "/nonexistent/rewind",
+        &["compile-policy"],
+        Duration::from_secs(30),
+    );
+    let text = e.to_string();
+    assert!(
+        text.contains("/nonexistent/rewind could not be started"),
+        "{text}"
+    );
+    assert!(
+        std::error::Error::source(&e).is_some(),
+        "the OS error is kept as the source"
+    );
+}
