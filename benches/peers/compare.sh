@@ -21,7 +21,10 @@
 #                          and `rewind-16ev`: `rewind serve --session-events 16
 #                          --max-segment-bytes 4096`, retention equal to rmcp's
 #                          built-in cache of 16 events per stream, for a
-#                          like-for-like memory comparison)
+#                          like-for-like memory comparison; and
+#                          `rewind-inproc`: `rewind serve --policy-compiler
+#                          in-process`, the policy compiler's code resident in
+#                          the server as before it compiled in a child)
 #   COMPARE_CASES="throughput-1 ..."   only these cases (names as in CASES below)
 #   COMPARE_OUT=DIR        where results go [default: target/compare/<time>]
 #   COMPARE_EXTRA_CASE="name|profile|sessions|flags"  one more case (see idle-sessions.sh)
@@ -111,8 +114,8 @@ start_server() { # PEER -> sets SERVER_PID, URL
     URL="http://127.0.0.1:$port/mcp"
     # Each branch execs, so $! is the server's own pid (for --server-pid).
     case $peer in
-    rewind | rewind-peer | rewind-16ev)
-        local admin retention=()
+    rewind | rewind-peer | rewind-16ev | rewind-inproc)
+        local admin variant=()
         admin=$(free_port)
         # rmcp's built-in cache keeps 16 events per request stream; one call
         # runs per session at a time here, so 16 events per session is the
@@ -120,9 +123,10 @@ start_server() { # PEER -> sets SERVER_PID, URL
         # segment more, and a streaming session's segments grow to
         # --max-segment-bytes (64 KiB, some 300 events, by default): 4 KiB
         # segments hold about 16 of these events, so the one more is small.
-        [ "$peer" != rewind-16ev ] || retention=(--session-events 16 --max-segment-bytes 4096)
+        [ "$peer" != rewind-16ev ] || variant=(--session-events 16 --max-segment-bytes 4096)
+        [ "$peer" != rewind-inproc ] || variant=(--policy-compiler in-process)
         # shellcheck disable=SC2086 # several flags
-        exec "$BIN" serve --listen "127.0.0.1:$port" --admin-listen "127.0.0.1:$admin" "${retention[@]}" ${REWIND_SERVE_FLAGS:-} ;;
+        exec "$BIN" serve --listen "127.0.0.1:$port" --admin-listen "127.0.0.1:$admin" "${variant[@]}" ${REWIND_SERVE_FLAGS:-} ;;
     rmcp-builtin) exec "$PEER_BIN/rmcp-builtin" "127.0.0.1:$port" ;;
     rmcp-shared-store) exec "$PEER_BIN/rmcp-shared-store" "127.0.0.1:$port" ;;
     bare-hyper) exec "$PEER_BIN/bare-hyper" "127.0.0.1:$port" ;;
