@@ -142,3 +142,34 @@ fn a_compiler_that_cannot_be_started_is_named_in_the_error() {
         "the OS error is kept as the source"
     );
 }
+
+#[test]
+fn the_child_compiles_through_the_hosts_compilation_cache() {
+    let dir = tempfile::tempdir().unwrap();
+    let files = |dir: &std::path::Path| -> usize {
+        let mut count = 0;
+        let mut stack = vec![dir.to_owned()];
+        while let Some(d) = stack.pop() {
+            for entry in std::fs::read_dir(&d).unwrap() {
+                let entry = entry.unwrap();
+                if entry.file_type().unwrap().is_dir() {
+                    stack.push(entry.path());
+                } else {
+                    count += 1;
+                }
+            }
+        }
+        count
+    };
+    let config = child_config().compilation_cache_dir(Some(dir.path().join("cache")));
+    let host = PolicyHost::new(config.clone()).unwrap();
+    // wasmtime writes its cache entries from the compiling process, the
+    // child, which has exited by the time `new` returns.
+    assert!(
+        files(dir.path()) > 0,
+        "the child left nothing in the cache directory"
+    );
+    drop(host);
+    let again = PolicyHost::new(config).unwrap();
+    assert_eq!(again.live_name(), "default");
+}

@@ -48,24 +48,39 @@ const MAX_STDERR_BYTES: u64 = 16 << 10;
 
 /// The wasmtime engine a host with `config` compiles and runs on. The
 /// child builds its own from the same settings, so the code it hands back
-/// passes wasmtime's compatibility check.
+/// passes wasmtime's compatibility check (which compares the settings that
+/// change what compiled code does: fuel, epochs, the stack limit, the
+/// target's features).
+///
+/// A host whose compiler is a child gets an engine without a compiler
+/// (`Config::enable_compiler(false)`): creating one would build Cranelift's
+/// target description and flags, half a MiB of the compiler's code made
+/// resident for nothing, and without it nothing in this process can
+/// compile by mistake.
 pub(crate) fn build_engine(config: &PolicyHostConfig) -> Result<Engine, HostError> {
     let mut wasm = Config::new();
-    wasm.strategy(Strategy::Cranelift)
-        .cranelift_opt_level(OptLevel::Speed)
-        .consume_fuel(true)
+    wasm.consume_fuel(true)
         .epoch_interruption(true)
-        .max_wasm_stack(config.max_wasm_stack_bytes)
-        // A policy is a few functions: compiling them on one thread takes
-        // no longer, and parallel compilation would start a rayon pool
-        // (one thread per core, each with its stack and malloc arena)
-        // that then idles for the life of the process.
-        .parallel_compilation(false);
-    if let Some(dir) = &config.compilation_cache_dir {
-        let mut cache = CacheConfig::new();
-        cache.with_directory(dir);
-        let cache = Cache::new(cache).map_err(HostError::Engine)?;
-        wasm.cache(Some(cache));
+        .max_wasm_stack(config.max_wasm_stack_bytes);
+    match config.compiler {
+        PolicyCompiler::ChildProcess(_) => {
+            wasm.enable_compiler(false);
+        }
+        PolicyCompiler::InProcess => {
+            wasm.strategy(Strategy::Cranelift)
+                .cranelift_opt_level(OptLevel::Speed)
+                // A policy is a few functions: compiling them on one thread
+                // takes no longer, and parallel compilation would start a
+                // rayon pool (one thread per core, each with its stack and
+                // malloc arena) that then idles for the life of the process.
+                .parallel_compilation(false);
+            if let Some(dir) = &config.compilation_cache_dir {
+                let mut cache = CacheConfig::new();
+                cache.with_directory(dir);
+                let cache = Cache::new(cache).map_err(HostError::Engine)?;
+                wasm.cache(Some(cache));
+            }
+        }
     }
     Engine::new(&wasm).map_err(HostError::Engine)
 }
