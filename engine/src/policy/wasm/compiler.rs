@@ -27,9 +27,9 @@
 
 use std::io::{self, Read, Write};
 use std::path::PathBuf;
-use std::process::{Command, ExitCode, ExitStatus, Stdio};
+use std::process::{Child, Command, ExitCode, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
 
-use wait_timeout::ChildExt as _;
 use wasmtime::{Cache, CacheConfig, Config, Engine, Module, OptLevel, Strategy};
 
 use super::config::{ChildCompiler, PolicyCompiler, PolicyHostConfig};
@@ -299,7 +299,7 @@ fn run_child(
         });
         let stdout = threads.spawn(move || read_capped(stdout, MAX_BYTES));
         let stderr = threads.spawn(move || read_capped(stderr, MAX_STDERR_BYTES));
-        let waited = process.wait_timeout(child.timeout);
+        let waited = wait_until(&mut process, Instant::now() + child.timeout);
         let status = match waited {
             Ok(Some(status)) => Ok(status),
             Ok(None) => Err((
@@ -324,6 +324,28 @@ fn run_child(
             sent,
         })
     })
+}
+
+/// Waits for `process` to end, until `deadline`; `None` if it is still
+/// running then.
+///
+/// Polls, with pauses growing from 0.5 to 10 ms: a compile takes tens of
+/// milliseconds, so that is a few dozen wake-ups. Blocking with a timeout
+/// instead would need a `SIGCHLD` handler, and a library has no business
+/// installing one for the whole process it is embedded in.
+fn wait_until(process: &mut Child, deadline: Instant) -> io::Result<Option<ExitStatus>> {
+    let mut pause = Duration::from_micros(500);
+    loop {
+        if let Some(status) = process.try_wait()? {
+            return Ok(Some(status));
+        }
+        let now = Instant::now();
+        if now >= deadline {
+            return Ok(None);
+        }
+        std::thread::sleep(pause.min(deadline - now));
+        pause = (pause * 2).min(Duration::from_millis(10));
+    }
 }
 
 /// What a stream's thread returned (its panic goes on in this thread).
