@@ -31,7 +31,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use rewind_engine::policy::wasm::{
-    GenerationStatus, PolicyHost, SwapError, ValidationFailure, ValidationReport,
+    GenerationStatus, LoadError, PolicyHost, SwapError, ValidationFailure, ValidationReport,
 };
 use rewind_engine::Engine;
 use serde::Deserialize;
@@ -331,6 +331,12 @@ async fn policy_swap(
             )
         }
         Ok(Err(SwapRefusal::Load(e))) => {
+            if let LoadError::Compiler { .. } = e {
+                // Not the module's fault alone: the child compiler could not
+                // start, crashed or ran out of time. The operator reading
+                // the server's log should hear of it, not only the pusher.
+                tracing::warn!("policy push refused: {e}");
+            }
             error(StatusCode::UNPROCESSABLE_ENTITY, "load", e.to_string())
         }
         Ok(Err(SwapRefusal::Swap(SwapError::Validation(report)))) => (
