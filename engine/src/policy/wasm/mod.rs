@@ -140,11 +140,14 @@ mod tests {
         assert_send_sync::<ValidationReport>();
         assert_send_sync::<LoadError>();
         assert_send_sync::<SwapError>();
+        assert_send_sync::<PolicyCompiler>();
+        assert_send_sync::<ChildCompiler>();
     }
 
     /// Each file's source, by the name the module doc's import table uses.
-    const FILES: [(&str, &str); 13] = [
+    const FILES: [(&str, &str); 14] = [
         ("cache", include_str!("cache.rs")),
+        ("compiler", include_str!("compiler.rs")),
         ("config", include_str!("config.rs")),
         ("error", include_str!("error.rs")),
         ("generation", include_str!("generation.rs")),
