@@ -73,8 +73,10 @@ pub struct PolicyHostConfig {
 /// resident. [`ChildProcess`](Self::ChildProcess) keeps that code out of
 /// this process: the child compiles and exits, and this process maps the
 /// compiled code it hands back. It also confines what a hostile module can
-/// do to the compiler (a crash, memory, a compile that never ends) to the
-/// child, which is killed after [`ChildCompiler::timeout`].
+/// do to the compiler to the child: a crash ends only the child, a compile
+/// that never ends is killed after [`ChildCompiler::timeout`], and the
+/// memory compiling takes goes back when the child exits (it is not
+/// capped while the child runs).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub enum PolicyCompiler {
