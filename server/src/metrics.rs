@@ -33,6 +33,7 @@
 //! | `rewind_policy_faults` | `generation`, `policy`, `fault` | a breakdown of the fallbacks above by recent generation of the WebAssembly host, to see which plugin faults (do not add the two: a generation's series goes when it leaves the host's recent list, so only `rewind_policy_fallbacks` is a total that never goes back) |
 //! | `rewind_policy_live_generation` (gauge) | | the generation deciding now |
 //! | `rewind_policy_swaps`, `rewind_policy_rollbacks` | `trigger` | swaps published; rollbacks on command or by the fault-rate rule |
+//! | `rewind_policy_loads` | `outcome` | modules loaded (the first included): `loaded`; `refused` for what the module is (not wasm, does not compile, a wrong export, …) or an unreadable file; `compiler_failed` when the child process compiling it could not start, crashed or ran past its timeout (see the log) |
 //! | `rewind_http_responses` | `method`, `status` | HTTP answers of the MCP endpoint |
 //! | `rewind_sse_streams_open` (gauge) | | SSE responses being served now |
 //! | `rewind_cluster_node` (gauge) | | this node's number (cluster mode only, as every `rewind_cluster_*`) |
@@ -251,6 +252,11 @@ struct GenerationFaultLabels {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RollbackLabels {
     trigger: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct LoadLabels {
+    outcome: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -665,6 +671,21 @@ fn encode_policy(e: &mut DescriptorEncoder, status: &PolicyStatus) -> Result<(),
         "Policy rollbacks, on command or by the fault-rate rule",
         None,
         &rollbacks,
+    )?;
+    let loads = Family::<LoadLabels, Counter>::default();
+    for (outcome, count) in [
+        ("loaded", status.loads.loaded),
+        ("refused", status.loads.refused),
+        ("compiler_failed", status.loads.compiler_failed),
+    ] {
+        loads.get_or_create(&LoadLabels { outcome }).inc_by(count);
+    }
+    put(
+        e,
+        "rewind_policy_loads",
+        "Policy modules loaded (compiled and checked), by outcome",
+        None,
+        &loads,
     )
 }
 

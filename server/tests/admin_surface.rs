@@ -273,6 +273,11 @@ async fn a_swap_changes_the_next_decisions_and_a_rollback_restores_them() {
         panic!("alice's own cursor resumes");
     };
 
+    // A module refused at load: counted, nothing swapped.
+    let response = admin
+        .post("/policy?name=imports", plugins::fixtures::IMPORTS)
+        .await;
+    assert_eq!(response.status(), 422);
     let response = admin
         .post("/policy?name=status-400", plugins::STATUS_400)
         .await;
@@ -312,6 +317,11 @@ async fn a_swap_changes_the_next_decisions_and_a_rollback_restores_them() {
     let text = admin.get("/metrics").await.text().await.unwrap();
     let samples = parse_prometheus(&text);
     assert_eq!(samples["rewind_policy_swaps_total"], 1.0);
+    // The first module, then the refused one and status-400.
+    for (outcome, count) in [("loaded", 2.0), ("refused", 1.0), ("compiler_failed", 0.0)] {
+        let name = format!("rewind_policy_loads_total{{outcome=\"{outcome}\"}}");
+        assert_eq!(samples.get(&name), Some(&count), "{name}");
+    }
     assert_eq!(
         samples["rewind_policy_rollbacks_total{trigger=\"manual\"}"],
         1.0

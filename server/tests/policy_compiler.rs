@@ -173,3 +173,37 @@ fn the_child_compiles_through_the_hosts_compilation_cache() {
     let again = PolicyHost::new(config).unwrap();
     assert_eq!(again.live_name(), "default");
 }
+
+#[test]
+fn the_host_counts_loads_by_outcome_and_a_failed_compiler_apart() {
+    let dir = tempfile::tempdir().unwrap();
+    let broken = dir.path().join("compiler-broken");
+    // The real compiler, unless the flag file exists: then it fails.
+    let script = format!(
+        "[ -e '{}' ] && {{ echo 'compiler out of order' >&2; exit 7; }}; exec '{}' compile-policy",
+        broken.display(),
+        env!("CARGO_BIN_EXE_rewind")
+    );
+    // SAFETY: the script either fails (exit 7, nothing loaded) or execs
+    // `rewind compile-policy`, which calls `compile_child_main` and
+    // nothing else.
+    let child = unsafe { ChildCompiler::new("sh", ["-c", script.as_str()]) };
+    let host =
+        PolicyHost::new(PolicyHostConfig::default().compiler(PolicyCompiler::ChildProcess(child)))
+            .unwrap();
+    let loads = |host: &PolicyHost| {
+        let l = host.status().loads;
+        (l.loaded, l.refused, l.compiler_failed)
+    };
+    assert_eq!(loads(&host), (1, 0, 0), "the first module counts");
+    assert!(host.load("not-wasm", b"not wasm").is_err());
+    assert_eq!(loads(&host), (1, 1, 0));
+    std::fs::write(&broken, b"").unwrap();
+    let e = host.load("strict", plugins::STRICT).unwrap_err();
+    assert!(matches!(e, LoadError::Compiler { .. }), "{e}");
+    assert!(e.to_string().contains("compiler out of order"), "{e}");
+    assert_eq!(loads(&host), (1, 1, 1));
+    std::fs::remove_file(&broken).unwrap();
+    host.load("strict", plugins::STRICT).unwrap();
+    assert_eq!(loads(&host), (2, 1, 1));
+}

@@ -18,7 +18,7 @@ use super::generation::{Generation, LiveGeneration};
 use super::module::PolicyModule;
 use super::plugins;
 use super::report::ValidationReport;
-use super::stats::{GenerationState, GenerationStats, GenerationStatus, PolicyStatus};
+use super::stats::{GenerationState, GenerationStats, GenerationStatus, LoadCounts, PolicyStatus};
 use super::ticker::EpochTicker;
 use super::validate::validate;
 use crate::policy::{Policy, PolicyAnswer};
@@ -54,6 +54,8 @@ pub struct PolicyHost {
     /// `history.good.last()` is always what is live.
     history: Mutex<History>,
     swaps: AtomicU64,
+    /// Loads by outcome: loaded, refused, compiler failed.
+    loads: [AtomicU64; 3],
     manual_rollbacks: AtomicU64,
     automatic_rollbacks: AtomicU64,
     _ticker: EpochTicker,
@@ -110,6 +112,8 @@ impl PolicyHost {
                 recent: VecDeque::from([first]),
             }),
             swaps: AtomicU64::new(0),
+            // The first module loaded, or there would be no host.
+            loads: [AtomicU64::new(1), AtomicU64::new(0), AtomicU64::new(0)],
             manual_rollbacks: AtomicU64::new(0),
             automatic_rollbacks: AtomicU64::new(0),
             _ticker: ticker,
@@ -124,13 +128,28 @@ impl PolicyHost {
     /// Compiles and checks a module (see [`PolicyModule`]). Nothing goes
     /// live until [`swap`](Self::swap).
     pub fn load(&self, name: &str, wasm: &[u8]) -> Result<PolicyModule, LoadError> {
-        PolicyModule::load(&self.engine, self.config(), name, wasm)
+        self.counted(PolicyModule::load(&self.engine, self.config(), name, wasm))
     }
 
     /// [`load`](Self::load) from a file, memory-mapped; named after the
     /// file's stem.
     pub fn load_file(&self, path: impl AsRef<Path>) -> Result<PolicyModule, LoadError> {
-        PolicyModule::load_file(&self.engine, self.config(), path.as_ref())
+        self.counted(PolicyModule::load_file(
+            &self.engine,
+            self.config(),
+            path.as_ref(),
+        ))
+    }
+
+    /// Counts a load's outcome in [`PolicyStatus::loads`].
+    fn counted(&self, loaded: Result<PolicyModule, LoadError>) -> Result<PolicyModule, LoadError> {
+        let outcome = match &loaded {
+            Ok(_) => 0,
+            Err(LoadError::Compiler { .. }) => 2,
+            Err(_) => 1,
+        };
+        self.loads[outcome].fetch_add(1, Relaxed);
+        loaded
     }
 
     /// Runs `module` on the validation vectors (every row of the decision
@@ -212,6 +231,11 @@ impl PolicyHost {
             swaps: self.swaps.load(Relaxed),
             manual_rollbacks: self.manual_rollbacks.load(Relaxed),
             automatic_rollbacks: self.automatic_rollbacks.load(Relaxed),
+            loads: LoadCounts {
+                loaded: self.loads[0].load(Relaxed),
+                refused: self.loads[1].load(Relaxed),
+                compiler_failed: self.loads[2].load(Relaxed),
+            },
         }
     }
 

@@ -125,7 +125,7 @@ pub use error::{HostError, LoadError, RollbackError, SwapError};
 pub use host::PolicyHost;
 pub use module::PolicyModule;
 pub use report::{ValidationFailure, ValidationReport};
-pub use stats::{GenerationState, GenerationStats, GenerationStatus, PolicyStatus};
+pub use stats::{GenerationState, GenerationStats, GenerationStatus, LoadCounts, PolicyStatus};
 
 #[cfg(test)]
 mod tests {

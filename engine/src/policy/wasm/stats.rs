@@ -149,6 +149,25 @@ pub struct PolicyStatus {
     pub manual_rollbacks: u64,
     /// Rollbacks triggered by the fault-rate threshold.
     pub automatic_rollbacks: u64,
+    /// Modules loaded (compiled and checked) since the host started, the
+    /// first one included, by outcome.
+    pub loads: LoadCounts,
+}
+
+/// Loads by outcome (see [`PolicyStatus::loads`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct LoadCounts {
+    /// Compiled and passed the load checks.
+    pub loaded: u64,
+    /// Refused for what the module is (not wasm, does not compile, imports
+    /// something, a wrong export, too much memory, another ABI), or
+    /// because its file could not be read.
+    pub refused: u64,
+    /// Refused because the child process compiling it failed (could not
+    /// start, crashed, ran past its timeout): not necessarily the module's
+    /// fault, worth an operator's look.
+    pub compiler_failed: u64,
 }
 
 #[cfg(test)]
