@@ -207,3 +207,33 @@ fn the_host_counts_loads_by_outcome_and_a_failed_compiler_apart() {
     host.load("strict", plugins::STRICT).unwrap();
     assert_eq!(loads(&host), (2, 1, 1));
 }
+
+#[test]
+fn a_compile_over_the_childs_memory_cap_fails_the_load_not_the_server() {
+    // 1 MiB of address space is less than the child already maps: its
+    // first new mapping fails, so the compile cannot finish.
+    // SAFETY: `rewind compile-policy` calls `compile_child_main` and
+    // nothing else.
+    let child = unsafe { ChildCompiler::new(env!("CARGO_BIN_EXE_rewind"), ["compile-policy"]) }
+        .memory_limit(Some(1 << 20));
+    let config = PolicyHostConfig::default().compiler(PolicyCompiler::ChildProcess(child));
+    let e = match PolicyHost::new(config) {
+        Err(HostError::Load(e)) => e,
+        Err(other) => panic!("expected a load error, got {other}"),
+        Ok(_) => panic!("compiled within 1 MiB of address space"),
+    };
+    assert!(matches!(e, LoadError::Compiler { .. }), "{e}");
+    let text = e.to_string();
+    assert!(
+        text.contains(env!("CARGO_BIN_EXE_rewind")) && text.contains("failed ("),
+        "{text}"
+    );
+    // Whether the child ran out in an allocation (a message) or growing
+    // its stack (a signal, with the cap named), the error says memory.
+    assert!(
+        text.contains("memory") || text.contains("capped at 1048576 bytes"),
+        "{text}"
+    );
+    // The same module compiles under the default cap.
+    PolicyHost::new(child_config()).unwrap();
+}

@@ -9,21 +9,23 @@
 //! ```text
 //! rewind-policy-compile/1
 //! max_wasm_stack_bytes=131072
+//! max_address_space_bytes=4294967296 (only if the compiler has a cap)
 //! cache_dir=/var/cache/rewind        (only if the host has a cache)
 //!                                    (an empty line ends the header)
 //! <the module's bytes, to the end of the stream>
 //! ```
 //!
-//! The child ([`compile_child_main`]) builds an engine with those settings
-//! (the same [`build_engine`] the host uses), compiles the module and
-//! answers with its exit status:
+//! The child ([`compile_child_main`]) caps its own address space
+//! (`RLIMIT_AS`, Linux), builds an engine with those settings (the same
+//! [`build_engine`] the host uses), compiles the module and answers with
+//! its exit status:
 //!
 //! - 0: stdout holds the compiled module (`Module::serialize`);
 //! - 2: the module does not compile; stderr holds wasmtime's error, which
 //!   the host reports as [`LoadError::Compile`] (the same words as an
 //!   in-process compile);
-//! - anything else, or a signal: the child failed; stderr says why
-//!   ([`LoadError::Compiler`]).
+//! - anything else, or a signal: the child failed, out of memory under
+//!   its cap included; stderr says why ([`LoadError::Compiler`]).
 
 use std::io::{self, Read, Write};
 use std::path::PathBuf;
@@ -112,13 +114,23 @@ pub fn compile_child_main() -> ExitCode {
         eprintln!("cannot read the compile request: {e}");
         return ExitCode::from(EXIT_FAILED);
     }
-    let (config, wasm) = match parse_request(&request) {
+    let Request {
+        config,
+        memory_limit,
+        wasm,
+    } = match parse_request(&request) {
         Ok(parsed) => parsed,
         Err(why) => {
             eprintln!("{why}");
             return ExitCode::from(EXIT_FAILED);
         }
     };
+    if let Some(bytes) = memory_limit {
+        if let Err(e) = cap_address_space(bytes) {
+            eprintln!("cannot cap this process's address space at {bytes} bytes: {e}");
+            return ExitCode::from(EXIT_FAILED);
+        }
+    }
     let engine = match build_engine(&config) {
         Ok(engine) => engine,
         Err(e) => {
@@ -128,6 +140,16 @@ pub fn compile_child_main() -> ExitCode {
     };
     let compiled = match Module::new(&engine, wasm).and_then(|m| m.serialize()) {
         Ok(compiled) => compiled,
+        Err(e) if out_of_memory(&e) => {
+            // Not the module's fault as far as anyone can tell here: the
+            // cap (or the machine) ran out.
+            let cap = memory_limit.map_or_else(
+                || "no cap".to_owned(),
+                |bytes| format!("address space capped at {bytes} bytes"),
+            );
+            eprintln!("ran out of memory compiling ({cap}): {e:#}");
+            return ExitCode::from(EXIT_FAILED);
+        }
         Err(e) => {
             // Exactly what an in-process compile's `LoadError::Compile`
             // shows after its prefix.
@@ -145,12 +167,57 @@ pub fn compile_child_main() -> ExitCode {
     }
 }
 
-/// The request's header for a host with `config` (the module follows it).
-fn request_header(config: &PolicyHostConfig) -> Result<String, String> {
+/// Whether compiling failed for want of memory (a failed `mmap` or
+/// allocation that wasmtime reports instead of aborting).
+fn out_of_memory(e: &wasmtime::Error) -> bool {
+    e.chain().any(|cause| {
+        cause.is::<wasmtime::OutOfMemory>()
+            || cause.downcast_ref::<io::Error>().is_some_and(|io| {
+                io.kind() == io::ErrorKind::OutOfMemory || io.raw_os_error() == Some(12)
+            })
+    })
+}
+
+/// Lowers this process's address-space limit to `bytes` (never raises it).
+#[cfg(target_os = "linux")]
+fn cap_address_space(bytes: u64) -> io::Result<()> {
+    use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
+    let now = getrlimit(Resource::As);
+    let lowered = |limit: Option<u64>| Some(limit.map_or(bytes, |l| l.min(bytes)));
+    setrlimit(
+        Resource::As,
+        Rlimit {
+            current: lowered(now.current),
+            maximum: lowered(now.maximum),
+        },
+    )?;
+    Ok(())
+}
+
+/// No cap where there is no `RLIMIT_AS` this crate sets.
+#[cfg(not(target_os = "linux"))]
+fn cap_address_space(_bytes: u64) -> io::Result<()> {
+    Ok(())
+}
+
+/// A parsed request.
+#[derive(Debug)]
+struct Request<'a> {
+    config: PolicyHostConfig,
+    memory_limit: Option<u64>,
+    wasm: &'a [u8],
+}
+
+/// The request's header for a host with `config` and a child capped at
+/// `memory_limit` (the module follows it).
+fn request_header(config: &PolicyHostConfig, memory_limit: Option<u64>) -> Result<String, String> {
     let mut header = format!(
         "{REQUEST_MAGIC}\nmax_wasm_stack_bytes={}\n",
         config.max_wasm_stack_bytes
     );
+    if let Some(bytes) = memory_limit {
+        header += &format!("max_address_space_bytes={bytes}\n");
+    }
     if let Some(dir) = &config.compilation_cache_dir {
         match dir.to_str() {
             Some(dir) if !dir.contains('\n') => header += &format!("cache_dir={dir}\n"),
@@ -168,7 +235,7 @@ fn request_header(config: &PolicyHostConfig) -> Result<String, String> {
 }
 
 /// Splits a request into the settings to compile with and the module.
-fn parse_request(request: &[u8]) -> Result<(PolicyHostConfig, &[u8]), String> {
+fn parse_request(request: &[u8]) -> Result<Request<'_>, String> {
     if request.len() as u64 > MAX_BYTES {
         return Err(format!("the compile request is over {MAX_BYTES} bytes"));
     }
@@ -185,6 +252,7 @@ fn parse_request(request: &[u8]) -> Result<(PolicyHostConfig, &[u8]), String> {
         ));
     }
     let mut config = PolicyHostConfig::default();
+    let mut memory_limit = None;
     for line in lines {
         match line.split_once('=') {
             Some(("max_wasm_stack_bytes", n)) => {
@@ -192,11 +260,21 @@ fn parse_request(request: &[u8]) -> Result<(PolicyHostConfig, &[u8]), String> {
                     .parse()
                     .map_err(|_| format!("max_wasm_stack_bytes={n:?} is not a size"))?;
             }
+            Some(("max_address_space_bytes", n)) => {
+                memory_limit = Some(
+                    n.parse()
+                        .map_err(|_| format!("max_address_space_bytes={n:?} is not a size"))?,
+                );
+            }
             Some(("cache_dir", dir)) => config.compilation_cache_dir = Some(PathBuf::from(dir)),
             _ => return Err(format!("unknown line {line:?} in the compile request")),
         }
     }
-    Ok((config, &request[end + 2..]))
+    Ok(Request {
+        config,
+        memory_limit,
+        wasm: &request[end + 2..],
+    })
 }
 
 /// What the child left behind.
@@ -222,7 +300,8 @@ fn compile_in_child(
             source,
         }
     };
-    let header = request_header(config).map_err(|problem| fail(problem, None))?;
+    let header =
+        request_header(config, child.memory_limit).map_err(|problem| fail(problem, None))?;
     let output = run_child(child, header.as_bytes(), wasm).map_err(|(problem, e)| {
         let source = e.map(|e| Box::new(e) as Box<dyn std::error::Error + Send + Sync>);
         fail(problem, source)
@@ -238,8 +317,17 @@ fn compile_in_child(
                 output.stderr.trim_end().to_owned(),
             )));
         }
-        _ => {
-            let problem = format!("failed ({}){}", output.status, said(&output.stderr));
+        code => {
+            let mut problem = format!("failed ({}){}", output.status, said(&output.stderr));
+            if let (None, Some(bytes)) = (code, child.memory_limit) {
+                // Running into the cap often ends in a signal (a stack that
+                // cannot grow, an abort on a failed allocation), not a
+                // message.
+                problem += &format!(
+                    " (its address space is capped at {bytes} bytes; a compile that needs \
+                     more ends this way)"
+                );
+            }
             return Err(fail(problem, None));
         }
     }
@@ -376,12 +464,21 @@ mod tests {
         let config = PolicyHostConfig::default()
             .max_wasm_stack_bytes(65_536)
             .compilation_cache_dir(Some("/tmp/cache dir".into()));
-        let mut request = request_header(&config).unwrap().into_bytes();
+        let mut request = request_header(&config, Some(1 << 30)).unwrap().into_bytes();
         request.extend_from_slice(b"\0asm\n\nbytes");
-        let (parsed, wasm) = parse_request(&request).unwrap();
-        assert_eq!(parsed.max_wasm_stack_bytes, 65_536);
-        assert_eq!(parsed.compilation_cache_dir, config.compilation_cache_dir);
-        assert_eq!(wasm, b"\0asm\n\nbytes");
+        let parsed = parse_request(&request).unwrap();
+        assert_eq!(parsed.config.max_wasm_stack_bytes, 65_536);
+        assert_eq!(
+            parsed.config.compilation_cache_dir,
+            config.compilation_cache_dir
+        );
+        assert_eq!(parsed.memory_limit, Some(1 << 30));
+        assert_eq!(parsed.wasm, b"\0asm\n\nbytes");
+        let request = request_header(&PolicyHostConfig::default(), None).unwrap();
+        assert_eq!(
+            parse_request(request.as_bytes()).unwrap().memory_limit,
+            None
+        );
     }
 
     #[test]
@@ -403,7 +500,7 @@ mod tests {
     #[test]
     fn a_cache_directory_with_a_line_break_cannot_be_sent() {
         let config = PolicyHostConfig::default().compilation_cache_dir(Some("a\nb".into()));
-        let err = request_header(&config).unwrap_err();
+        let err = request_header(&config, None).unwrap_err();
         assert!(err.contains("without line breaks"), "{err}");
     }
 }

@@ -74,9 +74,8 @@ pub struct PolicyHostConfig {
 /// this process: the child compiles and exits, and this process maps the
 /// compiled code it hands back. It also confines what a hostile module can
 /// do to the compiler to the child: a crash ends only the child, a compile
-/// that never ends is killed after [`ChildCompiler::timeout`], and the
-/// memory compiling takes goes back when the child exits (it is not
-/// capped while the child runs).
+/// that never ends is killed after [`ChildCompiler::timeout`], and one
+/// that takes more memory than [`ChildCompiler::memory_limit`] fails.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub enum PolicyCompiler {
@@ -95,11 +94,15 @@ pub struct ChildCompiler {
     pub(crate) program: PathBuf,
     pub(crate) args: Vec<OsString>,
     pub(crate) timeout: Duration,
+    pub(crate) memory_limit: Option<u64>,
 }
 
 impl ChildCompiler {
     /// How long a compile may take by default before the child is killed.
     pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
+    /// The child's address space by default: 4 GiB. Compiling the default
+    /// policy fits in 28 MiB of address space, the whole program included.
+    pub const DEFAULT_MEMORY_LIMIT: u64 = 4 << 30;
 
     /// Runs `program` with `args` for each module to compile.
     ///
@@ -121,6 +124,7 @@ impl ChildCompiler {
             program: program.into(),
             args: args.into_iter().map(Into::into).collect(),
             timeout: Self::DEFAULT_TIMEOUT,
+            memory_limit: Some(Self::DEFAULT_MEMORY_LIMIT),
         }
     }
 
@@ -128,6 +132,16 @@ impl ChildCompiler {
     /// the load refused ([`DEFAULT_TIMEOUT`](Self::DEFAULT_TIMEOUT)).
     pub fn timeout(mut self, timeout: Duration) -> ChildCompiler {
         self.timeout = timeout;
+        self
+    }
+
+    /// Caps the child's address space (`RLIMIT_AS`, which the child sets on
+    /// itself before it compiles; Linux only), so that a module that makes
+    /// the compiler allocate without bound fails the load instead of
+    /// pushing the machine into its out-of-memory killer; `None` for no
+    /// cap ([`DEFAULT_MEMORY_LIMIT`](Self::DEFAULT_MEMORY_LIMIT)).
+    pub fn memory_limit(mut self, bytes: Option<u64>) -> ChildCompiler {
+        self.memory_limit = bytes;
         self
     }
 
