@@ -54,8 +54,10 @@ pub struct PolicyHost {
     /// `history.good.last()` is always what is live.
     history: Mutex<History>,
     swaps: AtomicU64,
-    /// Loads by outcome: loaded, refused, compiler failed.
-    loads: [AtomicU64; 3],
+    /// Loads by outcome ([`LoadCounts`]).
+    loaded: AtomicU64,
+    refused: AtomicU64,
+    compiler_failed: AtomicU64,
     manual_rollbacks: AtomicU64,
     automatic_rollbacks: AtomicU64,
     _ticker: EpochTicker,
@@ -113,7 +115,9 @@ impl PolicyHost {
             }),
             swaps: AtomicU64::new(0),
             // The first module loaded, or there would be no host.
-            loads: [AtomicU64::new(1), AtomicU64::new(0), AtomicU64::new(0)],
+            loaded: AtomicU64::new(1),
+            refused: AtomicU64::new(0),
+            compiler_failed: AtomicU64::new(0),
             manual_rollbacks: AtomicU64::new(0),
             automatic_rollbacks: AtomicU64::new(0),
             _ticker: ticker,
@@ -143,12 +147,12 @@ impl PolicyHost {
 
     /// Counts a load's outcome in [`PolicyStatus::loads`].
     fn counted(&self, loaded: Result<PolicyModule, LoadError>) -> Result<PolicyModule, LoadError> {
-        let outcome = match &loaded {
-            Ok(_) => 0,
-            Err(LoadError::Compiler { .. }) => 2,
-            Err(_) => 1,
+        let counter = match &loaded {
+            Ok(_) => &self.loaded,
+            Err(LoadError::Compiler { .. }) => &self.compiler_failed,
+            Err(_) => &self.refused,
         };
-        self.loads[outcome].fetch_add(1, Relaxed);
+        counter.fetch_add(1, Relaxed);
         loaded
     }
 
@@ -232,9 +236,9 @@ impl PolicyHost {
             manual_rollbacks: self.manual_rollbacks.load(Relaxed),
             automatic_rollbacks: self.automatic_rollbacks.load(Relaxed),
             loads: LoadCounts {
-                loaded: self.loads[0].load(Relaxed),
-                refused: self.loads[1].load(Relaxed),
-                compiler_failed: self.loads[2].load(Relaxed),
+                loaded: self.loaded.load(Relaxed),
+                refused: self.refused.load(Relaxed),
+                compiler_failed: self.compiler_failed.load(Relaxed),
             },
         }
     }
