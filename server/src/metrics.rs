@@ -34,6 +34,7 @@
 //! | `rewind_policy_live_generation` (gauge) | | the generation deciding now |
 //! | `rewind_policy_swaps`, `rewind_policy_rollbacks` | `trigger` | swaps published; rollbacks on command or by the fault-rate rule |
 //! | `rewind_policy_loads` | `outcome` | modules loaded (the first included): `loaded`; `refused` for what the module is (not wasm, does not compile, a wrong export, …) or an unreadable file; `compiler_failed` when the child process compiling it could not start, crashed or ran past its timeout (see the log) |
+//! | `rewind_policy_load_seconds` | | wall time spent in those loads, all outcomes (compiling, in the child or in process, and the load checks); over `rewind_policy_loads` summed, the mean time of a load |
 //! | `rewind_http_responses` | `method`, `status` | HTTP answers of the MCP endpoint |
 //! | `rewind_sse_streams_open` (gauge) | | SSE responses being served now |
 //! | `rewind_cluster_node` (gauge) | | this node's number (cluster mode only, as every `rewind_cluster_*`) |
@@ -686,6 +687,13 @@ fn encode_policy(e: &mut DescriptorEncoder, status: &PolicyStatus) -> Result<(),
         "Policy modules loaded (compiled and checked), by outcome",
         None,
         &loads,
+    )?;
+    put(
+        e,
+        "rewind_policy_load",
+        "Wall time spent loading policy modules (compiling and the load checks), all outcomes",
+        Some(&Unit::Seconds),
+        &ConstCounter::new(status.loads.time.as_secs_f64()),
     )
 }
 

@@ -322,6 +322,9 @@ async fn a_swap_changes_the_next_decisions_and_a_rollback_restores_them() {
         let name = format!("rewind_policy_loads_total{{outcome=\"{outcome}\"}}");
         assert_eq!(samples.get(&name), Some(&count), "{name}");
     }
+    // Three loads, each of them a compile: their time is on the counter.
+    let load_seconds = samples["rewind_policy_load_seconds_total"];
+    assert!(load_seconds > 0.0 && load_seconds < 600.0, "{load_seconds}");
     assert_eq!(
         samples["rewind_policy_rollbacks_total{trigger=\"manual\"}"],
         1.0

@@ -195,17 +195,28 @@ fn the_host_counts_loads_by_outcome_and_a_failed_compiler_apart() {
         let l = host.status().loads;
         (l.loaded, l.refused, l.compiler_failed)
     };
+    // Every load's time is added, whatever its outcome: each of these
+    // starts a child process, which takes well over a nanosecond.
+    let mut time = host.status().loads.time;
+    let mut grew = |host: &PolicyHost, what: &str| {
+        let now = host.status().loads.time;
+        assert!(now > time, "{what}: load time {now:?} after {time:?}");
+        time = now;
+    };
     assert_eq!(loads(&host), (1, 0, 0), "the first module counts");
     assert!(host.load("not-wasm", b"not wasm").is_err());
     assert_eq!(loads(&host), (1, 1, 0));
+    grew(&host, "a refused module");
     std::fs::write(&broken, b"").unwrap();
     let e = host.load("strict", plugins::STRICT).unwrap_err();
     assert!(matches!(e, LoadError::Compiler { .. }), "{e}");
     assert!(e.to_string().contains("compiler out of order"), "{e}");
     assert_eq!(loads(&host), (1, 1, 1));
+    grew(&host, "a failed compiler");
     std::fs::remove_file(&broken).unwrap();
     host.load("strict", plugins::STRICT).unwrap();
     assert_eq!(loads(&host), (2, 1, 1));
+    grew(&host, "a loaded module");
 }
 
 #[test]

@@ -6,6 +6,7 @@ use std::fmt;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 use rewind_policy_sdk::ResumeFacts;
 use wasmtime::Engine;
@@ -58,9 +59,16 @@ pub struct PolicyHost {
     loaded: AtomicU64,
     refused: AtomicU64,
     compiler_failed: AtomicU64,
+    /// Wall time spent in loads, all outcomes, in nanoseconds.
+    load_nanos: AtomicU64,
     manual_rollbacks: AtomicU64,
     automatic_rollbacks: AtomicU64,
     _ticker: EpochTicker,
+}
+
+/// `d` in nanoseconds, saturating (a load does not take 584 years).
+fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
 impl fmt::Debug for PolicyHost {
@@ -96,7 +104,9 @@ impl PolicyHost {
         wasm: &[u8],
     ) -> Result<PolicyHost, HostError> {
         let engine = build_engine(&config)?;
+        let started = Instant::now();
         let module = PolicyModule::load(&engine, &config, name, wasm)?;
+        let load_nanos = nanos(started.elapsed());
         let report = validate(&config, &module);
         if !report.passed() {
             return Err(HostError::Validation(Box::new(report)));
@@ -118,6 +128,7 @@ impl PolicyHost {
             loaded: AtomicU64::new(1),
             refused: AtomicU64::new(0),
             compiler_failed: AtomicU64::new(0),
+            load_nanos: AtomicU64::new(load_nanos),
             manual_rollbacks: AtomicU64::new(0),
             automatic_rollbacks: AtomicU64::new(0),
             _ticker: ticker,
@@ -132,21 +143,31 @@ impl PolicyHost {
     /// Compiles and checks a module (see [`PolicyModule`]). Nothing goes
     /// live until [`swap`](Self::swap).
     pub fn load(&self, name: &str, wasm: &[u8]) -> Result<PolicyModule, LoadError> {
-        self.counted(PolicyModule::load(&self.engine, self.config(), name, wasm))
+        let started = Instant::now();
+        self.counted(
+            started,
+            PolicyModule::load(&self.engine, self.config(), name, wasm),
+        )
     }
 
     /// [`load`](Self::load) from a file, memory-mapped; named after the
     /// file's stem.
     pub fn load_file(&self, path: impl AsRef<Path>) -> Result<PolicyModule, LoadError> {
-        self.counted(PolicyModule::load_file(
-            &self.engine,
-            self.config(),
-            path.as_ref(),
-        ))
+        let started = Instant::now();
+        self.counted(
+            started,
+            PolicyModule::load_file(&self.engine, self.config(), path.as_ref()),
+        )
     }
 
-    /// Counts a load's outcome in [`PolicyStatus::loads`].
-    fn counted(&self, loaded: Result<PolicyModule, LoadError>) -> Result<PolicyModule, LoadError> {
+    /// Counts a load that began at `started` in [`PolicyStatus::loads`]: its
+    /// outcome and its time.
+    fn counted(
+        &self,
+        started: Instant,
+        loaded: Result<PolicyModule, LoadError>,
+    ) -> Result<PolicyModule, LoadError> {
+        self.load_nanos.fetch_add(nanos(started.elapsed()), Relaxed);
         let counter = match &loaded {
             Ok(_) => &self.loaded,
             Err(LoadError::Compiler { .. }) => &self.compiler_failed,
@@ -239,6 +260,7 @@ impl PolicyHost {
                 loaded: self.loaded.load(Relaxed),
                 refused: self.refused.load(Relaxed),
                 compiler_failed: self.compiler_failed.load(Relaxed),
+                time: Duration::from_nanos(self.load_nanos.load(Relaxed)),
             },
         }
     }

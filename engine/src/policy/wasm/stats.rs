@@ -1,6 +1,7 @@
 //! Per-generation counters and the status snapshot.
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::time::Duration;
 
 use crate::policy::PolicyFault;
 
@@ -168,6 +169,10 @@ pub struct LoadCounts {
     /// start, crashed, ran past its timeout): not necessarily the module's
     /// fault, worth an operator's look.
     pub compiler_failed: u64,
+    /// Wall time spent in all of these loads (compiling, in process or in
+    /// the child, and the load checks; validation is part of a swap, not
+    /// of a load). With the counts, the mean time of a load.
+    pub time: Duration,
 }
 
 #[cfg(test)]
