@@ -64,9 +64,10 @@ fn main() -> ExitCode {
 
 type BoxError = Box<dyn std::error::Error>;
 
-/// The policy host's configuration: where it compiles is the one setting.
-fn policy_host_config(compiler: PolicyCompilerSetting) -> PolicyHostConfig {
-    match compiler {
+/// The policy host's configuration: where it compiles, and the child
+/// compiler's limits, are its settings.
+fn policy_host_config(settings: &Settings) -> PolicyHostConfig {
+    match settings.policy_compiler {
         PolicyCompilerSetting::InProcess => PolicyHostConfig::default(),
         PolicyCompilerSetting::Child => {
             // On Linux `/proc/self/exe` is this process's own executable,
@@ -84,7 +85,9 @@ fn policy_host_config(compiler: PolicyCompilerSetting) -> PolicyHostConfig {
             // SAFETY: `program` is this executable (the same build, hence
             // the same wasmtime), and its `compile-policy` command calls
             // `compile_child_main` and nothing else (see `main`).
-            let child = unsafe { ChildCompiler::new(program, ["compile-policy"]) };
+            let child = unsafe { ChildCompiler::new(program, ["compile-policy"]) }
+                .timeout(settings.policy_compile_timeout)
+                .memory_limit(settings.policy_compile_memory);
             PolicyHostConfig::default().compiler(PolicyCompiler::ChildProcess(child))
         }
     }
@@ -94,7 +97,7 @@ fn serve(args: &ServeArgs, matches: &ArgMatches) -> Result<(), BoxError> {
     let settings = Settings::resolve(args, Some(matches))?;
     init_logs(settings.log_format);
 
-    let host_config = policy_host_config(settings.policy_compiler);
+    let host_config = policy_host_config(&settings);
     let host = Arc::new(match &settings.policy {
         None => PolicyHost::new(host_config)?,
         Some(path) => {

@@ -16,6 +16,8 @@
 //! policy = "policies/strict.wasm"  # relative to this file; default: embedded
 //! policy_dir = "policies/live"     # keeps pushed policies across restarts
 //! policy_compiler = "child"        # or "in-process": where policies are compiled
+//! policy_compile_timeout_secs = 30 # the child compiler is killed after this long
+//! policy_compile_memory_bytes = 4294967296  # the child's address space; 0: no cap
 //!
 //! log_format = "text"             # or "json": one JSON object per log line
 //!
@@ -53,6 +55,7 @@ use std::time::Duration;
 
 use clap::parser::ValueSource;
 use clap::{ArgMatches, Args};
+use rewind_engine::policy::wasm::ChildCompiler;
 use rewind_engine::Config;
 use serde::Deserialize;
 
@@ -60,6 +63,11 @@ use serde::Deserialize;
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:8080";
 /// Where the admin surface listens unless configured.
 pub const DEFAULT_ADMIN_LISTEN: &str = "127.0.0.1:8081";
+/// The smallest address-space cap the child compiler accepts: it maps
+/// about 28 MiB to compile the default policy, program included, so a
+/// smaller cap would refuse every module (and is more likely a value
+/// meant in another unit).
+pub const MIN_COMPILE_MEMORY: u64 = 64 << 20;
 
 /// Flags of `rewind serve` (also accepted by a bare `rewind`). Every flag can
 /// also be set by the environment variable it names, or in the file.
@@ -95,6 +103,15 @@ pub struct ServeArgs {
     /// "in-process" [default: child]
     #[arg(long, env = "REWIND_POLICY_COMPILER", value_name = "WHERE")]
     pub policy_compiler: Option<PolicyCompilerSetting>,
+    /// Seconds one policy compile may take in the child before it is
+    /// killed and the load refused [default: 30]
+    #[arg(long, env = "REWIND_POLICY_COMPILE_TIMEOUT_SECS", value_name = "SECS")]
+    pub policy_compile_timeout_secs: Option<u64>,
+    /// Address space the compiling child may map (Linux), so that a
+    /// module that makes the compiler allocate without bound fails its
+    /// load; 0: no cap [default: 4294967296]
+    #[arg(long, env = "REWIND_POLICY_COMPILE_MEMORY_BYTES", value_name = "BYTES")]
+    pub policy_compile_memory_bytes: Option<u64>,
     /// Events each session keeps, at least [default: 1024]
     #[arg(long, env = "REWIND_SESSION_EVENTS", value_name = "N")]
     pub session_events: Option<u64>,
@@ -250,6 +267,10 @@ pub struct FileSettings {
     pub policy_dir: Option<PathBuf>,
     /// `policy_compiler`
     pub policy_compiler: Option<PolicyCompilerSetting>,
+    /// `policy_compile_timeout_secs`
+    pub policy_compile_timeout_secs: Option<u64>,
+    /// `policy_compile_memory_bytes`
+    pub policy_compile_memory_bytes: Option<u64>,
     /// `log_format`
     pub log_format: Option<LogFormat>,
     /// `[http]`
@@ -328,6 +349,10 @@ pub struct Settings {
     pub policy_dir: Option<PathBuf>,
     /// Where policies are compiled.
     pub policy_compiler: PolicyCompilerSetting,
+    /// How long one compile may take in the child compiler.
+    pub policy_compile_timeout: Duration,
+    /// The child compiler's address-space cap; `None`: uncapped.
+    pub policy_compile_memory: Option<u64>,
     /// The engine's configuration (already validated).
     pub engine: Config,
     /// The MCP endpoint's HTTP settings.
@@ -501,6 +526,8 @@ fn flag_name(id: &'static str) -> &'static str {
         "policy" => "policy",
         "policy_dir" => "policy-dir",
         "policy_compiler" => "policy-compiler",
+        "policy_compile_timeout_secs" => "policy-compile-timeout-secs",
+        "policy_compile_memory_bytes" => "policy-compile-memory-bytes",
         "session_events" => "session-events",
         "session_bytes" => "session-bytes",
         "reader_hold_bytes" => "reader-hold-bytes",
@@ -577,6 +604,18 @@ impl Settings {
             "REWIND_POLICY_COMPILER",
             args.policy_compiler,
             file.policy_compiler,
+        );
+        let (compile_timeout, compile_timeout_origin) = r.pick(
+            "policy_compile_timeout_secs",
+            "REWIND_POLICY_COMPILE_TIMEOUT_SECS",
+            args.policy_compile_timeout_secs,
+            file.policy_compile_timeout_secs,
+        );
+        let (compile_memory, compile_memory_origin) = r.pick(
+            "policy_compile_memory_bytes",
+            "REWIND_POLICY_COMPILE_MEMORY_BYTES",
+            args.policy_compile_memory_bytes,
+            file.policy_compile_memory_bytes,
         );
         let (log_format, _) = r.pick(
             "log_format",
@@ -745,6 +784,54 @@ impl Settings {
             return Err(invalid(key, &origin, e.to_string()));
         }
 
+        let policy_compiler = policy_compiler.unwrap_or_default();
+        let child_only = |key: &'static str, origin: &Origin| {
+            invalid(
+                key,
+                origin,
+                "applies to the child compiler only, and policy_compiler is \"in-process\""
+                    .to_owned(),
+            )
+        };
+        let policy_compile_timeout = match compile_timeout {
+            None => ChildCompiler::DEFAULT_TIMEOUT,
+            Some(_) if policy_compiler == PolicyCompilerSetting::InProcess => {
+                return Err(child_only(
+                    "policy_compile_timeout_secs",
+                    &compile_timeout_origin,
+                ))
+            }
+            Some(0) => {
+                return Err(invalid(
+                    "policy_compile_timeout_secs",
+                    &compile_timeout_origin,
+                    "must be at least 1 second".to_owned(),
+                ))
+            }
+            Some(secs) => Duration::from_secs(secs),
+        };
+        let policy_compile_memory = match compile_memory {
+            None => Some(ChildCompiler::DEFAULT_MEMORY_LIMIT),
+            Some(_) if policy_compiler == PolicyCompilerSetting::InProcess => {
+                return Err(child_only(
+                    "policy_compile_memory_bytes",
+                    &compile_memory_origin,
+                ))
+            }
+            Some(0) => None,
+            Some(bytes) if bytes < MIN_COMPILE_MEMORY => {
+                return Err(invalid(
+                    "policy_compile_memory_bytes",
+                    &compile_memory_origin,
+                    format!(
+                        "{bytes} bytes is less than the compiler itself maps; use at least \
+                         {MIN_COMPILE_MEMORY} (64 MiB), or 0 for no cap"
+                    ),
+                ))
+            }
+            Some(bytes) => Some(bytes),
+        };
+
         if let Some(token) = &admin_token {
             if token.len() < 16 || !token.bytes().all(|b| b.is_ascii_graphic()) {
                 return Err(invalid(
@@ -816,7 +903,9 @@ impl Settings {
             admin_token,
             policy,
             policy_dir,
-            policy_compiler: policy_compiler.unwrap_or_default(),
+            policy_compiler,
+            policy_compile_timeout,
+            policy_compile_memory,
             engine,
             http,
             log_format: log_format.unwrap_or_default(),
@@ -1215,6 +1304,72 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("elsewhere") && e.contains("in-process"), "{e}");
+    }
+
+    #[test]
+    fn the_child_compilers_limits_are_settings_checked_against_the_compiler() {
+        let s = Settings::resolve(&ServeArgs::default(), None).unwrap();
+        assert_eq!(s.policy_compile_timeout, ChildCompiler::DEFAULT_TIMEOUT);
+        assert_eq!(
+            s.policy_compile_memory,
+            Some(ChildCompiler::DEFAULT_MEMORY_LIMIT)
+        );
+        let file =
+            parse("policy_compile_timeout_secs = 5\npolicy_compile_memory_bytes = 134217728\n")
+                .unwrap();
+        let s = Settings::resolve_with_file(&ServeArgs::default(), None, file, None).unwrap();
+        assert_eq!(s.policy_compile_timeout, Duration::from_secs(5));
+        assert_eq!(s.policy_compile_memory, Some(128 << 20));
+        // A flag over the file; 0 lifts the cap.
+        let args = ServeArgs {
+            policy_compile_timeout_secs: Some(90),
+            policy_compile_memory_bytes: Some(0),
+            ..ServeArgs::default()
+        };
+        let file = parse("policy_compile_timeout_secs = 5\n").unwrap();
+        let s = Settings::resolve_with_file(&args, None, file, None).unwrap();
+        assert_eq!(s.policy_compile_timeout, Duration::from_secs(90));
+        assert_eq!(s.policy_compile_memory, None);
+
+        let refused = |args: ServeArgs, file: &str| {
+            let file = parse(file).unwrap();
+            Settings::resolve_with_file(&args, None, file, Some(Path::new("r.toml")))
+                .unwrap_err()
+                .to_string()
+        };
+        let e = refused(ServeArgs::default(), "policy_compile_timeout_secs = 0\n");
+        assert!(
+            e.contains("policy_compile_timeout_secs") && e.contains("r.toml"),
+            "{e}"
+        );
+        // Four thousand bytes is a cap meant in another unit.
+        let args = ServeArgs {
+            policy_compile_memory_bytes: Some(4096),
+            ..ServeArgs::default()
+        };
+        let e = refused(args, "");
+        assert!(
+            e.contains("policy_compile_memory_bytes")
+                && e.contains("--policy-compile-memory-bytes")
+                && e.contains("67108864"),
+            "{e}"
+        );
+        // A limit of a compiler that does not run is a mistake, not a no-op.
+        let e = refused(
+            ServeArgs::default(),
+            "policy_compiler = \"in-process\"\npolicy_compile_timeout_secs = 5\n",
+        );
+        assert!(
+            e.contains("policy_compile_timeout_secs") && e.contains("in-process"),
+            "{e}"
+        );
+        let args = ServeArgs {
+            policy_compile_memory_bytes: Some(1 << 30),
+            policy_compiler: Some(PolicyCompilerSetting::InProcess),
+            ..ServeArgs::default()
+        };
+        let e = refused(args, "");
+        assert!(e.contains("policy_compile_memory_bytes"), "{e}");
     }
 
     #[test]

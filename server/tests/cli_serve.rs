@@ -472,6 +472,54 @@ fn serve_starts_with_a_policy_file_and_refuses_a_bad_one() {
 }
 
 #[test]
+fn the_child_compilers_limits_are_flags_and_the_smallest_cap_still_compiles() {
+    // The smallest address-space cap accepted is enough to compile a
+    // policy at start and another pushed later.
+    let file = write_temp("status-400-capped.wasm", plugins::STATUS_400);
+    let server = start(&[
+        "--listen",
+        "127.0.0.1:0",
+        "--admin-listen",
+        "127.0.0.1:0",
+        "--policy-compile-memory-bytes",
+        "67108864",
+        "--policy-compile-timeout-secs",
+        "20",
+        "--policy",
+        file.to_str().unwrap(),
+    ]);
+    let strict = write_temp("strict-capped.wasm", plugins::STRICT);
+    let pushed = policy(&["push", strict.to_str().unwrap()], &server);
+    assert!(pushed.status.success(), "{}", text(&pushed.stderr));
+    let status = policy(&["status"], &server);
+    assert!(
+        text(&status.stdout).contains("live: generation 2 `strict-capped`"),
+        "{}",
+        text(&status.stdout)
+    );
+    drop(server);
+
+    let out = clean_command()
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--admin-listen",
+            "127.0.0.1:0",
+        ])
+        .env("REWIND_POLICY_COMPILE_TIMEOUT_SECS", "0")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr.contains("policy_compile_timeout_secs")
+            && stderr.contains("REWIND_POLICY_COMPILE_TIMEOUT_SECS"),
+        "{stderr}"
+    );
+}
+
+#[test]
 fn serve_keeps_its_events_in_a_data_dir_that_a_second_server_cannot_open() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().to_str().unwrap();
