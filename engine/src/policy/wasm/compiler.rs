@@ -460,6 +460,27 @@ mod tests {
     use super::*;
 
     #[test]
+    fn only_a_failed_allocation_counts_as_running_out_of_memory() {
+        let oom = wasmtime::Error::from(wasmtime::OutOfMemory::new(1 << 20));
+        assert!(out_of_memory(&oom));
+        // However deep in the chain, as wasmtime wraps it in context.
+        let mmap = wasmtime::Error::from(io::Error::from_raw_os_error(12))
+            .context("failed to allocate the code memory")
+            .context("compiling the module");
+        assert!(out_of_memory(&mmap));
+        let kind = wasmtime::Error::from(io::Error::from(io::ErrorKind::OutOfMemory));
+        assert!(out_of_memory(&kind));
+        // What a module's own faults look like is not memory.
+        for other in [
+            wasmtime::Error::msg("invalid leading byte in type definition"),
+            wasmtime::Error::from(io::Error::from_raw_os_error(13)).context("mmap"),
+            wasmtime::Error::from(io::Error::from(io::ErrorKind::InvalidData)),
+        ] {
+            assert!(!out_of_memory(&other), "{other:#}");
+        }
+    }
+
+    #[test]
     fn a_request_parses_back_to_the_settings_it_was_written_from() {
         let config = PolicyHostConfig::default()
             .max_wasm_stack_bytes(65_536)
