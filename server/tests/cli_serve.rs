@@ -180,6 +180,32 @@ fn exit_status_after_sigterm(server: &mut Server) -> std::process::ExitStatus {
     }
 }
 
+/// Runs `rewind serve` with `args` and the variables `env`, which must make
+/// it refuse to start; returns what it said on stderr. A server that starts
+/// anyway is killed after 60 s and fails the test (rather than hanging it).
+fn refused_start(args: &[&str], env: &[(&str, &str)]) -> String {
+    let mut child = clean_command()
+        .arg("serve")
+        .args(args)
+        .envs(env.iter().copied())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while child.try_wait().unwrap().is_none() {
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            let out = child.wait_with_output().unwrap();
+            panic!("rewind serve {args:?} started: {}", text(&out.stdout));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = child.wait_with_output().unwrap();
+    assert!(!out.status.success(), "{}", text(&out.stdout));
+    text(&out.stderr)
+}
+
 fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
@@ -252,12 +278,7 @@ fn a_taken_port_is_reported_clearly() {
         .trim_start_matches("http://")
         .trim_end_matches("/mcp")
         .to_owned();
-    let out = clean_command()
-        .args(["serve", "--listen", &taken, "--admin-listen", "127.0.0.1:0"])
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    let stderr = text(&out.stderr);
+    let stderr = refused_start(&["--listen", &taken, "--admin-listen", "127.0.0.1:0"], &[]);
     assert!(
         stderr.contains(&format!("cannot listen on {taken}"))
             && stderr.contains("already in use")
@@ -275,20 +296,17 @@ fn an_unreachable_cluster_redis_is_reported_clearly() {
         .unwrap();
     let url = format!("redis://{free}");
     let started = std::time::Instant::now();
-    let out = clean_command()
-        .args([
-            "serve",
+    let stderr = refused_start(
+        &[
             "--listen",
             "127.0.0.1:0",
             "--admin-listen",
             "127.0.0.1:0",
             "--cluster",
             &url,
-        ])
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    let stderr = text(&out.stderr);
+        ],
+        &[],
+    );
     assert!(
         stderr.contains("cannot reach the cluster's Redis") && stderr.contains(&url),
         "{stderr}"
@@ -451,20 +469,17 @@ fn serve_starts_with_a_policy_file_and_refuses_a_bad_one() {
     );
 
     let trap = write_temp("trap.wasm", fixtures::TRAP);
-    let out = clean_command()
-        .args([
-            "serve",
+    let stderr = refused_start(
+        &[
             "--listen",
             "127.0.0.1:0",
             "--admin-listen",
             "127.0.0.1:0",
-        ])
-        .arg("--policy")
-        .arg(&trap)
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    let stderr = text(&out.stderr);
+            "--policy",
+            trap.to_str().unwrap(),
+        ],
+        &[],
+    );
     assert!(
         stderr.contains("trap.wasm") && stderr.contains("validation"),
         "{stderr}"
@@ -499,19 +514,10 @@ fn the_child_compilers_limits_are_flags_and_the_smallest_cap_still_compiles() {
     );
     drop(server);
 
-    let out = clean_command()
-        .args([
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--admin-listen",
-            "127.0.0.1:0",
-        ])
-        .env("REWIND_POLICY_COMPILE_TIMEOUT_SECS", "0")
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    let stderr = text(&out.stderr);
+    let stderr = refused_start(
+        &["--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"],
+        &[("REWIND_POLICY_COMPILE_TIMEOUT_SECS", "0")],
+    );
     assert!(
         stderr.contains("policy_compile_timeout_secs")
             && stderr.contains("REWIND_POLICY_COMPILE_TIMEOUT_SECS"),
@@ -536,15 +542,16 @@ fn serve_keeps_its_events_in_a_data_dir_that_a_second_server_cannot_open() {
     let first = start(&args);
     initialize(&first.mcp_url);
     assert!(dir.path().join("pool").exists() && dir.path().join("LOCK").exists());
-    let out = clean_command()
-        .arg("serve")
-        .args(["--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"])
-        .args(["--data-dir", data])
-        .args(small)
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    let stderr = text(&out.stderr);
+    let mut second = vec![
+        "--listen",
+        "127.0.0.1:0",
+        "--admin-listen",
+        "127.0.0.1:0",
+        "--data-dir",
+        data,
+    ];
+    second.extend(small);
+    let stderr = refused_start(&second, &[]);
     assert!(stderr.contains("locked by another process"), "{stderr}");
     drop(first);
     // The killed server's session is in the directory.
