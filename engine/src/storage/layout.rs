@@ -85,7 +85,8 @@ pub(crate) struct SegmentHeader {
     /// Engine-clock milliseconds when the segment was opened.
     pub(crate) opened_ms: u64,
     /// [`SegmentHeader::check_for`] the stamp of the allocation that wrote
-    /// it, in the low 32 bits.
+    /// it, in the low 32 bits; 0 in a heap pool, which nothing recovers
+    /// (`Pool::header_checks`).
     pub(crate) check: u64,
 }
 

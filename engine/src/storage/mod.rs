@@ -49,7 +49,9 @@
 //! the allocation, the seal and head CASes, and the zeroing of the new
 //! segment (below, "Reuse is detected"): about one more word written per
 //! word appended (one `rep stosb` per segment on x86-64,
-//! `words::zero_words`).
+//! `words::zero_words`). A pool that recovery may read (a data
+//! directory's) also gives each new segment header its CRC-32 check; a
+//! heap pool, never recovered, does not (`Pool::header_checks`).
 //!
 //! The frame's stores: its table entry, meta and time words, the payload,
 //! and the mark. The payload's whole words go two at a time (16-byte

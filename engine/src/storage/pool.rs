@@ -167,6 +167,12 @@ pub(crate) struct Pool {
     /// (so a restart does not touch a page of it). 0 for a new pool, whose
     /// units all start on the free lists.
     untouched: AtomicU32,
+    /// Whether segment headers carry their check
+    /// ([`SegmentHeader::check_for`]), which only recovery reads: set for
+    /// a pool over a backing that outlives the process (and for tests that
+    /// recover a heap pool's words), not for a fresh heap pool, whose
+    /// headers nothing ever verifies.
+    header_checks: bool,
 }
 
 impl std::fmt::Debug for Pool {
@@ -182,9 +188,25 @@ impl Pool {
     /// A pool over fresh zeroed memory, every unit free; fails if the
     /// operating system will not map that much.
     pub(crate) fn new(shape: PoolShape) -> std::io::Result<Pool> {
-        let pool = Pool::over(Backing::in_memory(shape.total_words())?, shape);
+        let mut pool = Pool::over(Backing::in_memory(shape.total_words())?, shape);
+        pool.header_checks = false;
         pool.free_everything();
         Ok(pool)
+    }
+
+    /// This pool, writing the check of every segment header it
+    /// initialises from now on (a pool over a backing is created so; a
+    /// fresh heap pool whose words a test will recover needs it).
+    #[cfg(test)]
+    pub(crate) fn with_header_checks(mut self) -> Pool {
+        self.header_checks = true;
+        self
+    }
+
+    /// Whether segment headers get their check (see the field).
+    #[inline]
+    pub(crate) fn header_checks(&self) -> bool {
+        self.header_checks
     }
 
     /// A pool over `backing` (zeroed or recovered); its free lists start
@@ -225,6 +247,7 @@ impl Pool {
             data_base: 2 * shape.units as usize,
             words_at,
             untouched: AtomicU32::new(0),
+            header_checks: true,
         }
     }
 

@@ -72,8 +72,26 @@ fn read_all(w: &Window, p: &Pool, stream: u32) -> Vec<(u64, Vec<u8>)> {
 }
 
 #[test]
+fn only_a_pool_that_may_be_recovered_writes_the_header_check() {
+    // A heap pool's headers are never verified: no check is computed. A
+    // pool that recovery may read (a file's; here a heap one marked so)
+    // gets one that verifies for the segment's stamp.
+    for checks in [false, true] {
+        let p = Pool::new(shape()).expect("a test pool fits in memory");
+        let p = if checks { p.with_header_checks() } else { p };
+        let w = Window::new();
+        append(&w, &p, 1, b"one event");
+        let (seg, header) = w.oldest_segment(&p).expect("the event's segment");
+        assert_eq!(header.verifies(seg.stamp), checks, "checks: {checks}");
+        assert_eq!(header.check == 0, !checks, "checks: {checks}");
+    }
+}
+
+#[test]
 fn a_spare_that_names_the_head_as_predecessor_never_wins_over_the_chain() {
-    let p = Pool::new(shape()).expect("a test pool fits in memory");
+    let p = Pool::new(shape())
+        .expect("a test pool fits in memory")
+        .with_header_checks();
     // The first allocation of this pool is its lowest unit: the spare
     // below sits before every segment of the chain in recovery's scan.
     let spare = p.alloc(0).unwrap();
@@ -113,7 +131,9 @@ fn a_spare_that_names_the_head_as_predecessor_never_wins_over_the_chain() {
 
 #[test]
 fn an_unfinished_frame_between_finished_ones_becomes_a_skipped_placeholder() {
-    let p = Pool::new(shape()).expect("a test pool fits in memory");
+    let p = Pool::new(shape())
+        .expect("a test pool fits in memory")
+        .with_header_checks();
     let w = Window::new();
     for i in 1..=16u8 {
         append(&w, &p, 1, &[i; 20]);
@@ -170,7 +190,9 @@ fn put_header(p: &Pool, unit: u32, header: SegmentHeader) {
 
 #[test]
 fn a_unit_allocated_but_not_yet_written_is_no_candidate_whatever_its_old_words_claim() {
-    let p = Pool::new(shape()).expect("a test pool fits in memory");
+    let p = Pool::new(shape())
+        .expect("a test pool fits in memory")
+        .with_header_checks();
     let w = Window::new();
     for i in 1..=12u8 {
         append(&w, &p, 1, &[i; 20]);
@@ -218,7 +240,9 @@ fn a_unit_allocated_but_not_yet_written_is_no_candidate_whatever_its_old_words_c
 
 #[test]
 fn a_chain_ending_in_an_unwritten_state_never_wins_over_one_that_can_be_restored() {
-    let p = Pool::new(shape()).expect("a test pool fits in memory");
+    let p = Pool::new(shape())
+        .expect("a test pool fits in memory")
+        .with_header_checks();
     let w = Window::new();
     for i in 1..=12u8 {
         append(&w, &p, 1, &[i; 20]);
@@ -252,7 +276,9 @@ fn a_chain_ending_in_an_unwritten_state_never_wins_over_one_that_can_be_restored
 
 #[test]
 fn a_flipped_bit_in_a_sealed_segments_header_drops_it_and_older_and_renumbers_nothing() {
-    let p = Pool::new(shape()).expect("a test pool fits in memory");
+    let p = Pool::new(shape())
+        .expect("a test pool fits in memory")
+        .with_header_checks();
     let w = Window::new();
     for i in 1..=20u8 {
         append(&w, &p, 1, &[i; 20]);
@@ -281,7 +307,9 @@ fn a_flipped_bit_in_a_sealed_segments_header_drops_it_and_older_and_renumbers_no
 
 #[test]
 fn a_flipped_bit_in_the_heads_header_leaves_the_session_unrestored() {
-    let p = Pool::new(shape()).expect("a test pool fits in memory");
+    let p = Pool::new(shape())
+        .expect("a test pool fits in memory")
+        .with_header_checks();
     let w = Window::new();
     for i in 1..=20u8 {
         append(&w, &p, 1, &[i; 20]);

@@ -709,8 +709,14 @@ pub(in crate::storage) fn init_segment(
         info: u64::from(class),
         opened_ms: now_ms,
         check: 0,
-    }
-    .checked(seg.stamp);
+    };
+    // The check is for recovery; a heap pool is never recovered, and a
+    // CRC per segment is a few percent of a single writer's append.
+    let header = if pool.header_checks() {
+        header.checked(seg.stamp)
+    } else {
+        header
+    };
     #[cfg(loom)]
     PREPARED.with(|p| p.borrow_mut().push((owner, first_seq)));
     // Relaxed: published by the CAS that links the segment (Release).
