@@ -68,6 +68,9 @@ pub const DEFAULT_ADMIN_LISTEN: &str = "127.0.0.1:8081";
 /// smaller cap would refuse every module (and is more likely a value
 /// meant in another unit).
 pub const MIN_COMPILE_MEMORY: u64 = 64 << 20;
+/// The longest compile timeout accepted: a day (a policy compiles in
+/// milliseconds; a longer wait is a mistake, not a setting).
+pub const MAX_COMPILE_TIMEOUT_SECS: u64 = 86_400;
 
 /// Flags of `rewind serve` (also accepted by a bare `rewind`). Every flag can
 /// also be set by the environment variable it names, or in the file.
@@ -801,11 +804,11 @@ impl Settings {
                     &compile_timeout_origin,
                 ))
             }
-            Some(0) => {
+            Some(secs) if !(1..=MAX_COMPILE_TIMEOUT_SECS).contains(&secs) => {
                 return Err(invalid(
                     "policy_compile_timeout_secs",
                     &compile_timeout_origin,
-                    "must be at least 1 second".to_owned(),
+                    format!("must be 1 to {MAX_COMPILE_TIMEOUT_SECS} seconds (a day)"),
                 ))
             }
             Some(secs) => Duration::from_secs(secs),
@@ -1337,11 +1340,25 @@ mod tests {
                 .unwrap_err()
                 .to_string()
         };
-        let e = refused(ServeArgs::default(), "policy_compile_timeout_secs = 0\n");
-        assert!(
-            e.contains("policy_compile_timeout_secs") && e.contains("r.toml"),
-            "{e}"
-        );
+        for secs in ["0", "86401"] {
+            let e = refused(
+                ServeArgs::default(),
+                &format!("policy_compile_timeout_secs = {secs}\n"),
+            );
+            assert!(
+                e.contains("policy_compile_timeout_secs")
+                    && e.contains("r.toml")
+                    && e.contains("1 to 86400"),
+                "{secs}: {e}"
+            );
+        }
+        // Too long to add to a clock: refused here, not a panic at a load.
+        let args = ServeArgs {
+            policy_compile_timeout_secs: Some(u64::MAX),
+            ..ServeArgs::default()
+        };
+        let e = refused(args, "");
+        assert!(e.contains("--policy-compile-timeout-secs"), "{e}");
         // Four thousand bytes is a cap meant in another unit.
         let args = ServeArgs {
             policy_compile_memory_bytes: Some(4096),

@@ -175,6 +175,19 @@ fn the_child_compiles_through_the_hosts_compilation_cache() {
 }
 
 #[test]
+fn a_timeout_too_long_for_the_clock_means_no_timeout_not_a_panic() {
+    // SAFETY: `rewind compile-policy` calls `compile_child_main` and
+    // nothing else.
+    let child = unsafe { ChildCompiler::new(env!("CARGO_BIN_EXE_rewind"), ["compile-policy"]) }
+        .timeout(Duration::MAX);
+    let host =
+        PolicyHost::new(PolicyHostConfig::default().compiler(PolicyCompiler::ChildProcess(child)))
+            .unwrap();
+    host.load("strict", plugins::STRICT).unwrap();
+    assert_eq!(host.status().loads.loaded, 2);
+}
+
+#[test]
 fn the_host_counts_loads_by_outcome_and_a_failed_compiler_apart() {
     let dir = tempfile::tempdir().unwrap();
     let broken = dir.path().join("compiler-broken");

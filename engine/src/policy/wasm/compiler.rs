@@ -387,7 +387,8 @@ fn run_child(
         });
         let stdout = threads.spawn(move || read_capped(stdout, MAX_BYTES));
         let stderr = threads.spawn(move || read_capped(stderr, MAX_STDERR_BYTES));
-        let waited = wait_until(&mut process, Instant::now() + child.timeout);
+        // A timeout too long to add to the clock waits without one.
+        let waited = wait_until(&mut process, Instant::now().checked_add(child.timeout));
         let status = match waited {
             Ok(Some(status)) => Ok(status),
             Ok(None) => Err((
@@ -414,24 +415,27 @@ fn run_child(
     })
 }
 
-/// Waits for `process` to end, until `deadline`; `None` if it is still
-/// running then.
+/// Waits for `process` to end, until `deadline` (if any); `None` if it is
+/// still running then.
 ///
 /// Polls, with pauses growing from 0.5 to 10 ms: a compile takes tens of
 /// milliseconds, so that is a few dozen wake-ups. Blocking with a timeout
 /// instead would need a `SIGCHLD` handler, and a library has no business
 /// installing one for the whole process it is embedded in.
-fn wait_until(process: &mut Child, deadline: Instant) -> io::Result<Option<ExitStatus>> {
+fn wait_until(process: &mut Child, deadline: Option<Instant>) -> io::Result<Option<ExitStatus>> {
     let mut pause = Duration::from_micros(500);
     loop {
         if let Some(status) = process.try_wait()? {
             return Ok(Some(status));
         }
-        let now = Instant::now();
-        if now >= deadline {
-            return Ok(None);
-        }
-        std::thread::sleep(pause.min(deadline - now));
+        let left = match deadline {
+            Some(deadline) => match deadline.checked_duration_since(Instant::now()) {
+                Some(left) if !left.is_zero() => left,
+                _ => return Ok(None),
+            },
+            None => pause,
+        };
+        std::thread::sleep(pause.min(left));
         pause = (pause * 2).min(Duration::from_millis(10));
     }
 }

@@ -129,7 +129,9 @@ impl ChildCompiler {
     }
 
     /// Sets how long one compile may take before the child is killed and
-    /// the load refused ([`DEFAULT_TIMEOUT`](Self::DEFAULT_TIMEOUT)).
+    /// the load refused ([`DEFAULT_TIMEOUT`](Self::DEFAULT_TIMEOUT)). A
+    /// duration too long to add to the clock (`Duration::MAX`) waits for
+    /// the child however long it takes.
     pub fn timeout(mut self, timeout: Duration) -> ChildCompiler {
         self.timeout = timeout;
         self
