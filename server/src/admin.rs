@@ -219,6 +219,12 @@ async fn policy_status(State(state): State<AdminState>) -> Response {
         "swaps": status.swaps,
         "manual_rollbacks": status.manual_rollbacks,
         "automatic_rollbacks": status.automatic_rollbacks,
+        "loads": {
+            "loaded": status.loads.loaded,
+            "refused": status.loads.refused,
+            "compiler_failed": status.loads.compiler_failed,
+            "seconds": status.loads.time.as_secs_f64(),
+        },
     });
     if let Some(store) = &state.store {
         body["store"] = json!({

@@ -439,6 +439,18 @@ fn status_table(body: &Value) -> String {
         body["manual_rollbacks"],
         body["automatic_rollbacks"]
     );
+    if let Some(loads) = body.get("loads").filter(|l| l.is_object()) {
+        // Before the table's blank line: move it below this one.
+        out.pop();
+        let _ = writeln!(
+            out,
+            "loads: {} loaded, {} refused, {} compiler failures ({:.3} s in all)\n",
+            loads["loaded"],
+            loads["refused"],
+            loads["compiler_failed"],
+            loads["seconds"].as_f64().unwrap_or(0.0)
+        );
+    }
     let mut rendered = table(&["generation", "name", "state", "decisions", "faults"]);
     for g in body["generations"].as_array().into_iter().flatten() {
         let faults: u64 = g["faults"]

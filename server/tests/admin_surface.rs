@@ -300,6 +300,11 @@ async fn a_swap_changes_the_next_decisions_and_a_rollback_restores_them() {
     assert_eq!(status["live"]["name"], "status-400");
     assert_eq!(status["swaps"], 1);
     assert_eq!(status["generations"][1]["state"], "standby");
+    // The first module, the refused one, status-400: counted by outcome.
+    assert_eq!(status["loads"]["loaded"], 2);
+    assert_eq!(status["loads"]["refused"], 1);
+    assert_eq!(status["loads"]["compiler_failed"], 0);
+    assert!(status["loads"]["seconds"].as_f64().unwrap() > 0.0);
 
     let response = admin.post("/policy/rollback", Vec::new()).await;
     assert_eq!(response.status(), 200);

@@ -268,6 +268,12 @@ fn serve_prints_its_urls_and_answers_policy_commands() {
         listing.contains("status-400") && listing.contains("rolled_back"),
         "{listing}"
     );
+    // The default, status-400 and the trap all compiled (the trap failed
+    // validation, which is the swap's, not the load's).
+    assert!(
+        listing.contains("loads: 3 loaded, 0 refused, 0 compiler failures ("),
+        "{listing}"
+    );
 }
 
 #[test]
