@@ -788,22 +788,33 @@ impl Settings {
         }
 
         let policy_compiler = policy_compiler.unwrap_or_default();
-        let child_only = |key: &'static str, origin: &Origin| {
-            invalid(
-                key,
-                origin,
-                "applies to the child compiler only, and policy_compiler is \"in-process\""
-                    .to_owned(),
-            )
-        };
+        // The child compiler's limits mean nothing to an in-process one:
+        // setting one anyway is a mistake, not a no-op.
+        if policy_compiler == PolicyCompilerSetting::InProcess {
+            for (key, set, origin) in [
+                (
+                    "policy_compile_timeout_secs",
+                    compile_timeout.is_some(),
+                    &compile_timeout_origin,
+                ),
+                (
+                    "policy_compile_memory_bytes",
+                    compile_memory.is_some(),
+                    &compile_memory_origin,
+                ),
+            ] {
+                if set {
+                    return Err(invalid(
+                        key,
+                        origin,
+                        "applies to the child compiler only, and policy_compiler is \"in-process\""
+                            .to_owned(),
+                    ));
+                }
+            }
+        }
         let policy_compile_timeout = match compile_timeout {
             None => ChildCompiler::DEFAULT_TIMEOUT,
-            Some(_) if policy_compiler == PolicyCompilerSetting::InProcess => {
-                return Err(child_only(
-                    "policy_compile_timeout_secs",
-                    &compile_timeout_origin,
-                ))
-            }
             Some(secs) if !(1..=MAX_COMPILE_TIMEOUT_SECS).contains(&secs) => {
                 return Err(invalid(
                     "policy_compile_timeout_secs",
@@ -815,12 +826,6 @@ impl Settings {
         };
         let policy_compile_memory = match compile_memory {
             None => Some(ChildCompiler::DEFAULT_MEMORY_LIMIT),
-            Some(_) if policy_compiler == PolicyCompilerSetting::InProcess => {
-                return Err(child_only(
-                    "policy_compile_memory_bytes",
-                    &compile_memory_origin,
-                ))
-            }
             Some(0) => None,
             Some(bytes) if bytes < MIN_COMPILE_MEMORY => {
                 return Err(invalid(
