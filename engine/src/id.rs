@@ -917,8 +917,18 @@ mod tests {
         assert_ne!(k1.tag(a), k2.tag(a));
     }
 
+    /// Under Miri: fewer cases, and no failure file (finding it asks for
+    /// the working directory, which Miri's isolation refuses).
+    fn cases() -> ProptestConfig {
+        let mut config = ProptestConfig::with_cases(if cfg!(miri) { 16 } else { 2048 });
+        if cfg!(miri) {
+            config.failure_persistence = None;
+        }
+        config
+    }
+
     proptest! {
-        #![proptest_config(ProptestConfig::with_cases(if cfg!(miri) { 16 } else { 2048 }))]
+        #![proptest_config(cases())]
 
         #[test]
         fn event_ids_round_trip(tag: u64, node: u16, epoch: u64, stream: u32, seq: u64) {
