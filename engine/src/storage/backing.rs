@@ -142,20 +142,53 @@ impl Backing {
         }
     }
 
-    #[inline]
+    /// How many words the backing holds.
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    /// All the words (tests).
+    #[cfg(test)]
     pub(crate) fn words(&self) -> &[AtomicU64] {
+        self.range(0, self.len)
+    }
+
+    /// Word `i`, checked against the backing's length (panics past it).
+    ///
+    /// A reference to that word only: under Miri, whose borrow tracker
+    /// visits every `UnsafeCell` of a reference it retags, going through
+    /// a slice of the whole backing made every word access cost as much as
+    /// the whole pool (a test of a few thousand appends and reads ran for
+    /// tens of minutes).
+    #[inline(always)]
+    pub(crate) fn word(&self, i: usize) -> &AtomicU64 {
+        &self.range(i, 1)[0]
+    }
+
+    /// Words `start..start + n`, checked against the backing's length
+    /// (panics past it). A reference to those words only, for the reason
+    /// given at [`Backing::word`].
+    #[inline(always)]
+    pub(crate) fn range(&self, start: usize, n: usize) -> &[AtomicU64] {
+        assert!(
+            start <= self.len && n <= self.len - start,
+            "words {start}..+{n} of a {}-word backing",
+            self.len
+        );
         // SAFETY: `ptr` is non-null, 8-aligned (the heap box is a slice of
         // `AtomicU64`; a mapping's first word was checked in `in_memory` or
         // `mapped`) and valid for `len` words, which `owner` keeps allocated
         // (or mapped) for as long as `self` lives; none of them moves its
-        // memory when moved. Every bit pattern is a valid `AtomicU64`, and
-        // all access goes through atomics, so concurrent use from threads is
-        // sound. An anonymous private mapping is this process's alone. For
-        // a file mapping, the only other writer could be another process
-        // with the same file mapped: the data directory's lock excludes it
-        // (and the file is mapped once per open directory), so the memory
-        // behaves like process-private memory shared with the page cache.
-        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+        // memory when moved. `start + n <= len` (asserted above), so the
+        // `n` words from `ptr + start` are among them. Every bit pattern is
+        // a valid `AtomicU64`, and all access goes through atomics, so
+        // concurrent use from threads is sound. An anonymous private
+        // mapping is this process's alone. For a file mapping, the only
+        // other writer could be another process with the same file mapped:
+        // the data directory's lock excludes it (and the file is mapped
+        // once per open directory), so the memory behaves like
+        // process-private memory shared with the page cache.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr().add(start), n) }
     }
 
     /// The granule, in words, in which [`Backing::release`] gives memory
@@ -196,7 +229,7 @@ impl Backing {
         match &self.owner {
             #[cfg(any(loom, miri))]
             Owner::Heap => {
-                for word in &self.words()[start..end] {
+                for word in self.range(start, end - start) {
                     word.store(0, crate::sync::Ordering::Relaxed);
                 }
             }

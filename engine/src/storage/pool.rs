@@ -228,7 +228,7 @@ impl Pool {
 
     fn with_words_at(backing: Backing, shape: PoolShape, words_at: usize) -> Pool {
         assert!(shape.unit_words.is_power_of_two() && shape.unit_words >= 2 * HEADER_WORDS);
-        assert!(backing.words().len() >= words_at + shape.total_words());
+        assert!(backing.len() >= words_at + shape.total_words());
         Pool {
             backing,
             shape,
@@ -251,15 +251,16 @@ impl Pool {
         }
     }
 
-    /// The pool's own words.
-    #[inline]
-    fn words(&self) -> &[AtomicU64] {
-        &self.backing.words()[self.words_at..]
+    /// Word `i` of the pool's own words (those after the allocation
+    /// mark, if the pool has one).
+    #[inline(always)]
+    fn word(&self, i: usize) -> &AtomicU64 {
+        self.backing.word(self.words_at + i)
     }
 
     /// The allocation mark's word, for a pool that has one.
     fn mark_word(&self) -> Option<&AtomicU64> {
-        (self.words_at == 1).then(|| &self.backing.words()[0])
+        (self.words_at == 1).then(|| self.backing.word(0))
     }
 
     /// The lowest unit that may have been allocated: below it every unit
@@ -388,7 +389,7 @@ impl Pool {
     /// The stamp word of `unit` (only its low 32 bits are used).
     #[inline]
     pub(crate) fn stamp(&self, unit: u32) -> &AtomicU64 {
-        &self.words()[unit as usize]
+        self.word(unit as usize)
     }
 
     /// The current stamp of `unit`.
@@ -400,7 +401,7 @@ impl Pool {
     /// The state word of `unit`.
     #[inline]
     pub(crate) fn state(&self, unit: u32) -> &AtomicU64 {
-        &self.words()[self.shape.units as usize + unit as usize]
+        self.word(self.shape.units as usize + unit as usize)
     }
 
     /// Where the data of `unit` starts in the pool's words.
@@ -413,7 +414,8 @@ impl Pool {
     #[inline]
     pub(crate) fn segment(&self, unit: u32, class: u8) -> &[AtomicU64] {
         let start = self.first_word(unit);
-        &self.words()[start..start + self.shape.class_words(class)]
+        self.backing
+            .range(self.words_at + start, self.shape.class_words(class))
     }
 
     /// Whether `unit` can start a segment of `class` in this pool.
@@ -510,7 +512,7 @@ impl Pool {
     }
 
     fn link(&self, unit: u32) -> &AtomicU64 {
-        &self.words()[self.first_word(unit)]
+        self.word(self.first_word(unit))
     }
 
     fn push(&self, unit: u32, class: u8) {
