@@ -432,7 +432,7 @@ fn status_table(body: &Value) -> String {
     let live = &body["live"];
     let _ = writeln!(
         out,
-        "live: generation {} `{}` ({} swaps, {} manual and {} automatic rollbacks)\n",
+        "live: generation {} `{}` ({} swaps, {} manual and {} automatic rollbacks)",
         live["generation"],
         live["name"].as_str().unwrap_or("?"),
         body["swaps"],
@@ -440,17 +440,17 @@ fn status_table(body: &Value) -> String {
         body["automatic_rollbacks"]
     );
     if let Some(loads) = body.get("loads").filter(|l| l.is_object()) {
-        // Before the table's blank line: move it below this one.
-        out.pop();
         let _ = writeln!(
             out,
-            "loads: {} loaded, {} refused, {} compiler failures ({:.3} s in all)\n",
+            "loads: {} loaded, {} refused, {} compiler failures ({:.3} s in all)",
             loads["loaded"],
             loads["refused"],
             loads["compiler_failed"],
             loads["seconds"].as_f64().unwrap_or(0.0)
         );
     }
+    // A blank line before the table.
+    out.push('\n');
     let mut rendered = table(&["generation", "name", "state", "decisions", "faults"]);
     for g in body["generations"].as_array().into_iter().flatten() {
         let faults: u64 = g["faults"]
