@@ -72,8 +72,14 @@ fn policy_host_config(settings: &Settings) -> PolicyHostConfig {
         PolicyCompilerSetting::Child => {
             // On Linux `/proc/self/exe` is this process's own executable,
             // even if its path has been replaced since it started (an
-            // upgrade in place): the child is always the same build.
-            let program = if cfg!(target_os = "linux") {
+            // upgrade in place): the child is always the same build. An
+            // emulator such as valgrind cannot start `/proc/self/exe` (to
+            // it, that names the emulator), so tools that run the server
+            // under one (`server/symbol-order.sh`) ask for the path
+            // instead with `REWIND_POLICY_COMPILER_BY_PATH=1`.
+            let by_path = std::env::var_os("REWIND_POLICY_COMPILER_BY_PATH")
+                .is_some_and(|v| !v.is_empty() && v != "0");
+            let program = if cfg!(target_os = "linux") && !by_path {
                 Some("/proc/self/exe".into())
             } else {
                 std::env::current_exe().ok()
@@ -83,8 +89,11 @@ fn policy_host_config(settings: &Settings) -> PolicyHostConfig {
                 return PolicyHostConfig::default();
             };
             // SAFETY: `program` is this executable (the same build, hence
-            // the same wasmtime), and its `compile-policy` command calls
-            // `compile_child_main` and nothing else (see `main`).
+            // the same wasmtime; by path, unless the file was replaced
+            // since start, and wasmtime refuses code from another wasmtime
+            // version or configuration anyway), and its `compile-policy`
+            // command calls `compile_child_main` and nothing else (see
+            // `main`).
             let child = unsafe { ChildCompiler::new(program, ["compile-policy"]) }
                 .timeout(settings.policy_compile_timeout)
                 .memory_limit(settings.policy_compile_memory);
