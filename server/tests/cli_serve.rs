@@ -42,7 +42,12 @@ fn start(args: &[&str]) -> Server {
 
 /// [`start`], with the server's standard error (its logs) going to `stderr`.
 fn start_logging_to(args: &[&str], stderr: impl Into<Stdio>) -> Server {
-    let mut child = clean_command()
+    start_with(clean_command(), args, stderr)
+}
+
+/// `command serve args`, once it has printed its URLs and token.
+fn start_with(mut command: Command, args: &[&str], stderr: impl Into<Stdio>) -> Server {
+    let mut child = command
         .arg("serve")
         .args(args)
         .stdout(Stdio::piped())
@@ -635,4 +640,48 @@ fn a_flood_of_sessions_keeps_the_servers_memory_within_its_budget() {
         second_growth <= first_growth / 2 + POOL / 1024,
         "the second flood grew RSS by {second_growth} KiB, the first by {first_growth} KiB"
     );
+}
+
+/// The policy compiler child is `/proc/self/exe` (the running build, even
+/// after its file is gone), or with `REWIND_POLICY_COMPILER_BY_PATH=1` —
+/// for emulators such as valgrind, which cannot start `/proc/self/exe` —
+/// the executable's path. A copy of the binary, deleted after start, tells
+/// the two apart: a push compiles by `/proc/self/exe` and fails by path.
+#[test]
+#[cfg(target_os = "linux")]
+fn the_policy_compiler_is_this_build_or_by_request_its_path() {
+    let dir = std::env::temp_dir().join(format!("rewind-cli-by-path-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let policy_file = write_temp("by-path-status-400.wasm", plugins::STATUS_400);
+    let listen = ["--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"];
+    for by_path in [false, true] {
+        let copy = dir.join(format!("rewind-copy-{by_path}"));
+        std::fs::copy(env!("CARGO_BIN_EXE_rewind"), &copy).unwrap();
+        let mut command = Command::new(&copy);
+        for (k, _) in std::env::vars() {
+            if k.starts_with("REWIND_") {
+                command.env_remove(k);
+            }
+        }
+        if by_path {
+            command.env("REWIND_POLICY_COMPILER_BY_PATH", "1");
+        }
+        // Both compile the embedded default policy at start, in a child.
+        let server = start_with(command, &listen, Stdio::null());
+        std::fs::remove_file(&copy).unwrap();
+        let push = policy(&["push", policy_file.to_str().unwrap()], &server);
+        if by_path {
+            assert!(!push.status.success(), "{}", text(&push.stdout));
+            let stderr = text(&push.stderr);
+            assert!(stderr.contains("rewind-copy-true"), "{stderr}");
+        } else {
+            assert!(push.status.success(), "{}", text(&push.stderr));
+            assert!(
+                text(&push.stdout).contains("generation 2"),
+                "{}",
+                text(&push.stdout)
+            );
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
 }
