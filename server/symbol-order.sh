@@ -12,12 +12,13 @@
 # for the CPU valgrind presents), drives it with `rewind load`'s profiles
 # and the admin surface, stops it, and lists every function of the binary
 # that ran, the most executed first. Takes about two minutes and needs
-# valgrind, binutils (`nm`, `readelf`), curl and Python 3.
+# valgrind, binutils (`nm`), curl and Python 3.
 #
 # Record again after changes that add or rename much of the serving path:
 # a function missing from the list still works, it is only laid out with
 # the rest of the code (`--check` counts what matches). Symbol names are
-# those of this toolchain and `Cargo.lock`; a toolchain update changes them.
+# those of this toolchain, `Cargo.lock` and the release profile (not of the
+# checkout's directory); a toolchain update changes them.
 #
 # Environment: REWIND_BIN (default target/release/rewind; recording builds it
 # unless set), SYMBOL_ORDER_OUT (scratch directory, default a fresh mktemp).
@@ -28,7 +29,7 @@ LIST=$ROOT/server/symbol-order.txt
 BIN=${REWIND_BIN:-$ROOT/target/release/rewind}
 
 die() { echo "symbol-order: $*" >&2; exit 1; }
-for tool in nm readelf python3; do
+for tool in nm python3; do
     command -v "$tool" >/dev/null || die "needs $tool"
 done
 
