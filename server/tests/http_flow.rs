@@ -22,8 +22,12 @@ async fn progress_sent_through_the_sink_or_through_rmcp_arrives_the_same_way() {
     // notification arrives once, in order, before the result; and a cut
     // mid-stream resumes with the rest (a retention that holds all 2,000
     // of the cut call's notifications: nobody holds the cut stream's place).
+    // Both limits: the default 1,024 events would let the oldest segments
+    // go while the resumed reader is still behind a fast tool (an explicit
+    // `gap`, correct, but not what this test is about).
     let mut config = Config::default();
     config.session_bytes = 1 << 20;
+    config.session_events = 4096;
     let server = start(config, McpOptions::default()).await;
     let sid = server.initialize().await;
     for (id, via) in [(1, "sink"), (2, "peer")] {
