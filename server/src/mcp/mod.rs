@@ -106,6 +106,7 @@
 //! `Config::max_event_bytes` (32 MiB − 1 KiB by default); a larger one is
 //! answered with an internal error for its request, never truncated.
 
+mod encode;
 mod http;
 mod options;
 mod session;

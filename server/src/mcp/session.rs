@@ -335,6 +335,14 @@ pub(crate) struct McpSession {
 /// The version of the blob [`encode_init`] writes.
 const INIT_BLOB_VERSION: u32 = 1;
 
+thread_local! {
+    /// The buffer [`McpSession::deliver`] serialises into on this thread.
+    static PAYLOAD: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Above this capacity the buffer is freed after use rather than kept.
+const PAYLOAD_KEEP: usize = 16 * 1024;
+
 /// What a session stores with its engine session
 /// ([`SessionHandle::store_init`]).
 #[derive(Debug, serde::Serialize, serde::Deserialize)]
@@ -708,17 +716,30 @@ impl McpSession {
         if completes.is_some() {
             self.store_init_on_answer(msg);
         }
-        let payload = match serde_json::to_vec(msg) {
-            Ok(p) => p,
-            Err(e) => {
-                tracing::error!(error = %e, "cannot serialise an outgoing MCP message");
-                return;
+        // The message's bytes, in a buffer this thread keeps (the event
+        // copies them; a progress notification then allocates nothing).
+        let appended = PAYLOAD.with_borrow_mut(|buf| {
+            buf.clear();
+            let appended = match super::encode::encode(msg, buf) {
+                Ok(()) => Some(self.handle.append(stream, buf)),
+                Err(e) => {
+                    tracing::error!(error = %e, "cannot serialise an outgoing MCP message");
+                    None
+                }
+            };
+            if buf.capacity() > PAYLOAD_KEEP {
+                // A large result: give its buffer back.
+                *buf = Vec::new();
             }
+            appended
+        });
+        let Some(appended) = appended else {
+            return;
         };
         // The last event this message appended (for the close entry of a
         // cluster replica).
         let mut last_seq = None;
-        match self.handle.append(stream, &payload) {
+        match appended {
             Ok(id) => {
                 last_seq = Some(id.seq);
                 self.appended();
