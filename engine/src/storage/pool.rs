@@ -162,10 +162,10 @@ pub(crate) struct Pool {
     /// before them is the allocation mark (a durable pool), else 0.
     words_at: usize,
     /// Units `0..untouched` are free, never written, and on no free list:
-    /// a recovered pool's part below its allocation mark, handed out as
-    /// top-class blocks from its upper end once the free lists are empty
-    /// (so a restart does not touch a page of it). 0 for a new pool, whose
-    /// units all start on the free lists.
+    /// a new heap pool's whole top-class blocks, or a recovered pool's part
+    /// below its allocation mark, handed out as top-class blocks from its
+    /// upper end once the free lists are empty (so neither a start nor a
+    /// restart touches a page of it).
     untouched: AtomicU32,
     /// Whether segment headers carry their check
     /// ([`SegmentHeader::check_for`]), which only recovery reads: set for
@@ -190,8 +190,31 @@ impl Pool {
     pub(crate) fn new(shape: PoolShape) -> std::io::Result<Pool> {
         let mut pool = Pool::over(Backing::in_memory(shape.total_words())?, shape);
         pool.header_checks = false;
-        pool.free_everything();
+        pool.free_untouched();
         Ok(pool)
+    }
+
+    /// Makes every unit of a new pool free without writing to it: the
+    /// whole top-class blocks from unit 0 up become the untouched region
+    /// (carved from its upper end once the lists are empty, as a
+    /// recovered pool's part below its mark), and only the units above
+    /// the last whole block go on the lists. Pushing every block instead
+    /// writes its link word — a page per block, 37 pages of a default
+    /// 1 GiB pool — and every trim pass then marks each block's stamp
+    /// word, another page each.
+    fn free_untouched(&self) {
+        let top = 1u32 << self.shape.top_class;
+        let low = self.shape.units / top * top;
+        self.free_units.fetch_add(u64::from(low), Ordering::Relaxed);
+        self.untouched.store(low, Ordering::Relaxed);
+        let mut unit = low;
+        for class in (0..self.shape.top_class).rev() {
+            let size = 1u32 << class;
+            while self.shape.units - unit >= size {
+                self.push(unit, class);
+                unit += size;
+            }
+        }
     }
 
     /// This pool, writing the check of every segment header it
@@ -271,19 +294,6 @@ impl Pool {
             u32::try_from(m.load(Ordering::Relaxed))
                 .map_or(self.shape.units, |v| v.min(self.shape.units))
         })
-    }
-
-    /// Puts every unit on the free lists, as buddy-aligned blocks of the
-    /// largest classes that fit.
-    pub(crate) fn free_everything(&self) {
-        let mut unit = 0u32;
-        for class in (0..=self.shape.top_class).rev() {
-            let size = 1u32 << class;
-            while self.shape.units - unit >= size {
-                self.push(unit, class);
-                unit += size;
-            }
-        }
     }
 
     /// Puts every unit `used` does not mark on the free lists, as

@@ -1359,3 +1359,38 @@ fn small_segments_free_for_a_whole_interval_merge_and_are_given_back_as_large_on
     assert_eq!(seg[3].load(crate::sync::Ordering::Relaxed), 42);
     assert_eq!(p.released_bytes(), 0);
 }
+
+#[test]
+fn a_new_pool_writes_nothing_in_its_whole_top_class_blocks_until_it_hands_them_out() {
+    // Four whole blocks of 8 units, then 5 units that go on the lists.
+    let p = pool(4 * 8 + 5, 3);
+    let untouched = |p: &Pool, units: std::ops::Range<u32>| {
+        units.clone().all(|u| {
+            p.stamp_now(u, crate::sync::Ordering::Relaxed) == 0
+                && p.state(u).load(crate::sync::Ordering::Relaxed) == 0
+                && p.segment(u, 0)
+                    .iter()
+                    .all(|w| w.load(crate::sync::Ordering::Relaxed) == 0)
+        })
+    };
+    assert!(untouched(&p, 0..32), "a new pool wrote into its blocks");
+    assert_eq!(p.free_bytes(), 37 * 16 * 8, "every unit counts as free");
+    // Trim passes mark and release what is on the lists, never the
+    // untouched blocks (marking one writes its stamp word).
+    p.trim(usize::MAX);
+    p.trim(usize::MAX);
+    assert!(
+        untouched(&p, 0..32),
+        "a trim pass wrote into untouched blocks"
+    );
+    // The lists' 5 units first, then the blocks from the top down, each
+    // unit once; then the pool is full.
+    let order: Vec<u32> = std::iter::from_fn(|| p.alloc(0)).map(|s| s.unit).collect();
+    assert_eq!(order.len(), 37);
+    assert!(order[..5].iter().all(|&u| u >= 32), "{order:?}");
+    assert!((24..32).contains(&order[5]), "top block first: {order:?}");
+    let mut sorted = order.clone();
+    sorted.sort_unstable();
+    assert_eq!(sorted, (0..37).collect::<Vec<_>>());
+    assert_eq!(p.free_bytes(), 0);
+}
