@@ -13,8 +13,11 @@ use crate::sync::Arc;
 const A: Owner = Owner { tag: 0xa, epoch: 1 };
 const B: Owner = Owner { tag: 0xb, epoch: 2 };
 
+/// A pool whose units all start on the free lists (see
+/// `Pool::new_on_lists`); `Pool::new`'s untouched region is modelled by
+/// `loom_a_new_pool_carves_each_untouched_unit_for_one_owner`.
 fn pool(units: u32, top: u8) -> Pool {
-    Pool::new(PoolShape {
+    Pool::new_on_lists(PoolShape {
         units,
         unit_words: 16,
         top_class: top,
@@ -37,10 +40,17 @@ fn body(s: u32, n: u64) -> [u8; 5] {
     [s as u8, n as u8, 0xee, s as u8 ^ 0x5a, n as u8 ^ 0xa5]
 }
 
-#[test]
-fn loom_free_list_hands_each_segment_to_one_owner() {
-    loom::model(|| {
-        let p = Arc::new(pool(2, 0));
+/// Two threads allocating and freeing two units: never one unit for both.
+fn each_segment_to_one_owner(new: fn(PoolShape) -> std::io::Result<Pool>) {
+    loom::model(move || {
+        let p = Arc::new(
+            new(PoolShape {
+                units: 2,
+                unit_words: 16,
+                top_class: 0,
+            })
+            .expect("a test pool fits in memory"),
+        );
         let owners = Arc::new([
             crate::sync::AtomicU32::new(0),
             crate::sync::AtomicU32::new(0),
@@ -66,6 +76,19 @@ fn loom_free_list_hands_each_segment_to_one_owner() {
         }
         assert_eq!(p.free_bytes(), 2 * 16 * 8);
     });
+}
+
+#[test]
+fn loom_free_list_hands_each_segment_to_one_owner() {
+    // Both units on the list: the first allocations race on its pops.
+    each_segment_to_one_owner(Pool::new_on_lists);
+}
+
+#[test]
+fn loom_a_new_pool_carves_each_untouched_unit_for_one_owner() {
+    // A new pool: both units untouched, so the first allocations race on
+    // the carve, later ones pop what the frees pushed (carve against pop).
+    each_segment_to_one_owner(Pool::new);
 }
 
 #[test]

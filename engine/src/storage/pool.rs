@@ -217,6 +217,26 @@ impl Pool {
         }
     }
 
+    /// A new pool with every unit on the free lists (none untouched), as
+    /// buddy-aligned blocks of the largest classes that fit: the start
+    /// the loom models of the lists and of trimming were written for.
+    #[cfg(all(test, loom))]
+    pub(crate) fn new_on_lists(shape: PoolShape) -> std::io::Result<Pool> {
+        // Not through `Pool::new`: the few atomic operations of its
+        // untouched region would count against loom's branch limit.
+        let mut pool = Pool::over(Backing::in_memory(shape.total_words())?, shape);
+        pool.header_checks = false;
+        let mut unit = 0u32;
+        for class in (0..=shape.top_class).rev() {
+            let size = 1u32 << class;
+            while shape.units - unit >= size {
+                pool.push(unit, class);
+                unit += size;
+            }
+        }
+        Ok(pool)
+    }
+
     /// This pool, writing the check of every segment header it
     /// initialises from now on (a pool over a backing is created so; a
     /// fresh heap pool whose words a test will recover needs it).
