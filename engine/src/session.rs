@@ -2,8 +2,11 @@
 //!
 //! # The registry
 //!
-//! Live sessions live in a fixed number of shards, each a `papaya::HashMap`
-//! keyed by the 128-bit session id. papaya is a lock-free hash table: a
+//! Live sessions live in shards, each a `papaya::HashMap` keyed by the
+//! 128-bit session id: one shard per core, rounded up to a power of two and
+//! at most 16 (each papaya table carries its own epoch-reclamation state,
+//! 16 KiB of thread-local tables, so a two-core server does not pay for
+//! sixteen). papaya is a lock-free hash table: a
 //! lookup is a few atomic loads under an epoch guard and never waits for a
 //! writer, and resizing is incremental, so a burst of opens does not stall
 //! lookups. Sharding on top spreads inserts and removals (and the eviction
@@ -32,7 +35,8 @@ use event_listener::{Event, EventListener};
 use crate::id::{EventId, EventIdError, IdPrefix, SessionId};
 use crate::storage::{Owner, Window};
 
-const SHARDS: usize = 16;
+/// Shards at most (see the module docs).
+const MAX_SHARDS: usize = 16;
 
 /// Why a session ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -416,6 +420,15 @@ impl std::hash::Hasher for FoldHasher {
 
 type Shard = papaya::HashMap<u128, Arc<Session>, FoldKey>;
 
+/// One shard per core, rounded up to a power of two, at most
+/// [`MAX_SHARDS`].
+fn shard_count() -> usize {
+    std::thread::available_parallelism()
+        .map_or(1, std::num::NonZeroUsize::get)
+        .next_power_of_two()
+        .min(MAX_SHARDS)
+}
+
 /// The sharded map of live sessions.
 pub(crate) struct Registry {
     shards: Box<[Shard]>,
@@ -432,7 +445,7 @@ impl std::fmt::Debug for Registry {
 impl Registry {
     pub(crate) fn new() -> Registry {
         Registry {
-            shards: (0..SHARDS)
+            shards: (0..shard_count())
                 .map(|_| papaya::HashMap::with_hasher(FoldKey))
                 .collect(),
         }
@@ -442,7 +455,8 @@ impl Registry {
     fn shard(&self, key: u128) -> &Shard {
         // The id is uniformly random; its top bits pick shards evenly and
         // stay independent of the bits the shard's own table hashes on.
-        &self.shards[(key >> 124) as usize % SHARDS]
+        // The count is a power of two, at most 16.
+        &self.shards[(key >> 124) as usize & (self.shards.len() - 1)]
     }
 
     #[inline]
@@ -474,5 +488,18 @@ impl Registry {
                 f(s);
             }
         }
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::{shard_count, MAX_SHARDS};
+
+    #[test]
+    fn the_shard_count_is_a_power_of_two_from_one_to_the_maximum() {
+        let n = shard_count();
+        assert!(n.is_power_of_two() && n <= MAX_SHARDS, "{n}");
+        let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
+        assert!(n >= cores.min(MAX_SHARDS), "{n} shards for {cores} cores");
     }
 }
