@@ -388,10 +388,16 @@ impl Pool {
         self.free_units.load(Ordering::Relaxed) * self.unit_bytes()
     }
 
-    /// Bytes of free segment memory given back to the operating system
-    /// (on the cold lists; each cold segment keeps its first page).
+    /// Bytes of free segment memory that is not resident: given back to
+    /// the operating system (on the cold lists; each cold segment keeps its
+    /// first page), or, in memory (not a file), never touched (the
+    /// untouched region). A durable pool's file pages are never given back.
     pub(crate) fn released_bytes(&self) -> u64 {
-        self.cold_units.load(Ordering::Relaxed) * self.unit_bytes()
+        let mut units = self.cold_units.load(Ordering::Relaxed);
+        if self.backing.release_granule_words().is_some() {
+            units += u64::from(self.untouched.load(Ordering::Relaxed));
+        }
+        units * self.unit_bytes()
     }
 
     /// Counts an append that waited for another writer of its window, one

@@ -1375,6 +1375,11 @@ fn a_new_pool_writes_nothing_in_its_whole_top_class_blocks_until_it_hands_them_o
     };
     assert!(untouched(&p, 0..32), "a new pool wrote into its blocks");
     assert_eq!(p.free_bytes(), 37 * 16 * 8, "every unit counts as free");
+    assert_eq!(
+        p.released_bytes(),
+        32 * 16 * 8,
+        "the untouched blocks count as not resident"
+    );
     // Trim passes mark and release what is on the lists, never the
     // untouched blocks (marking one writes its stamp word).
     p.trim(usize::MAX);
@@ -1393,4 +1398,5 @@ fn a_new_pool_writes_nothing_in_its_whole_top_class_blocks_until_it_hands_them_o
     sorted.sort_unstable();
     assert_eq!(sorted, (0..37).collect::<Vec<_>>());
     assert_eq!(p.free_bytes(), 0);
+    assert_eq!(p.released_bytes(), 0);
 }
