@@ -207,8 +207,14 @@ impl Pool {
         let low = self.shape.units / top * top;
         self.free_units.fetch_add(u64::from(low), Ordering::Relaxed);
         self.untouched.store(low, Ordering::Relaxed);
-        let mut unit = low;
-        for class in (0..self.shape.top_class).rev() {
+        self.push_blocks_from(low, self.shape.top_class);
+    }
+
+    /// Pushes the units from `unit` to the end onto the free lists as
+    /// buddy-aligned blocks of the largest classes below `below` that fit
+    /// (`unit` aligned to a block of class `below - 1`).
+    fn push_blocks_from(&self, mut unit: u32, below: u8) {
+        for class in (0..below).rev() {
             let size = 1u32 << class;
             while self.shape.units - unit >= size {
                 self.push(unit, class);
@@ -226,14 +232,7 @@ impl Pool {
         // untouched region would count against loom's branch limit.
         let mut pool = Pool::over(Backing::in_memory(shape.total_words())?, shape);
         pool.header_checks = false;
-        let mut unit = 0u32;
-        for class in (0..=shape.top_class).rev() {
-            let size = 1u32 << class;
-            while shape.units - unit >= size {
-                pool.push(unit, class);
-                unit += size;
-            }
-        }
+        pool.push_blocks_from(0, shape.top_class + 1);
         Ok(pool)
     }
 

@@ -265,8 +265,9 @@ fn json(msg: &ServerJsonRpcMessage) -> Response {
         ServerJsonRpcMessage::Error(e) if e.error.code.0 == -32022 => StatusCode::BAD_REQUEST,
         _ => StatusCode::OK,
     };
-    match serde_json::to_vec(msg) {
-        Ok(body) => {
+    let mut body = Vec::new();
+    match super::encode::encode(msg, &mut body) {
+        Ok(()) => {
             let mut r = Response::new(Body::from(body));
             *r.status_mut() = status;
             r.headers_mut()
@@ -283,8 +284,10 @@ fn json(msg: &ServerJsonRpcMessage) -> Response {
 
 /// One message as an SSE event without an id: there is nothing to resume.
 fn frame(msg: &ServerJsonRpcMessage) -> Option<Bytes> {
-    let json = serde_json::to_string(msg).ok()?;
-    Some(Bytes::from(format!("data: {json}\n\n")))
+    let mut out = b"data: ".to_vec();
+    super::encode::encode(msg, &mut out).ok()?;
+    out.extend_from_slice(b"\n\n");
+    Some(Bytes::from(out))
 }
 
 /// The answer as an SSE stream ending after the response; dropping it (the
