@@ -772,10 +772,10 @@ fn read_placed(
 /// below the claims already seen, while published and within the limits.
 /// Returns whether it moved the cursor.
 ///
-/// Per frame: the mark load (Acquire), the meta load and a push. Per run:
-/// one copy of the words from the first wanted frame to the end of the
-/// last (marks acquired first, so every word copied was published), then
-/// `fence(Acquire)` and one stamp load.
+/// Per frame: the mark load (Acquire), the meta load and the entry
+/// written. Per run: one copy of the words from the first frame's payload
+/// to the end of the last wanted one (marks acquired first, so every word
+/// copied was published), then `fence(Acquire)` and one stamp load.
 fn run_placed(
     pool: &Pool,
     cursor: &mut Cursor,
@@ -793,40 +793,40 @@ fn run_placed(
         return false;
     }
     let segment = pool.segment(pos.seg.unit, pos.class);
+    let stamp = pos.seg.stamp;
     let (buf_base, events_base) = (buf.len(), events.len());
-    // The frames below the claims seen, and room for the events the limit
-    // allows. The entries are made room for once, so the loop keeps its
-    // state in registers instead of re-checking the vector per frame.
+    // The frames below the claims seen, at most as many as the limit
+    // leaves room for; their entries are made room for once and written
+    // in place, so the loop keeps its state in registers instead of
+    // re-checking and storing the vector's length per frame. (A run that
+    // passes frames of other streams may stop short of the limit; the
+    // batch then runs again.)
     let claimed = (pos.first_seq + u64::from(pos.known)).saturating_sub(*seq);
-    let room = max_events.saturating_sub(events_base);
-    events.reserve(claimed.min(room as u64) as usize);
+    let frames =
+        (claimed.min(usize::MAX as u64) as usize).min(max_events.saturating_sub(events_base));
+    events.reserve(frames);
+    let out = &mut events.spare_capacity_mut()[..frames];
     // Words the run may copy before the byte limit stops it (checked before
     // each frame, so a batch may end one frame past the limit).
     let max_words = max_bytes.saturating_sub(buf_base).div_ceil(WORD_BYTES);
     let table_end = segment.len();
-    let mut next = *seq;
     let mut at = pos.offset as usize;
-    // Words [copy_from, copy_to) of the segment go to `buf` at `buf_base`;
-    // `copy_from` is `usize::MAX` until the first wanted frame.
-    let mut copy_from = usize::MAX;
-    let mut copy_to = at;
-    let first_index = (next - pos.first_seq) as usize;
+    // Words [copy_from, copy_to) of the segment go to `buf` at `buf_base`:
+    // from the first frame's payload to the end of the last wanted one
+    // (frames of other streams in between are copied and passed over).
+    let copy_from = at + FRAME_HEADER_WORDS;
+    let mut copy_to = copy_from;
+    let first_index = (*seq - pos.first_seq) as usize;
     let mut wanted = 0;
-    // `index`: frame `next`'s place in the segment's table.
-    for index in first_index..first_index + claimed as usize {
-        let copied = if copy_from == usize::MAX {
-            0
-        } else {
-            copy_to - copy_from
-        };
-        if wanted == room || copied >= max_words {
-            break;
-        }
+    let mut passed = 0;
+    while passed < frames && copy_to - copy_from < max_words {
+        // Frame `*seq + passed`'s entry in the segment's table.
+        let index = first_index + passed;
         let Some(mark) = segment.get(at) else {
             break;
         };
         // Acquire pairs with the appender's Release of the mark.
-        let Some(len) = mark_len(mark.load(Ordering::Acquire), pos.seg.stamp) else {
+        let Some(len) = mark_len(mark.load(Ordering::Acquire), stamp) else {
             break;
         };
         let len = len as usize;
@@ -839,36 +839,39 @@ fn run_placed(
         }
         let frame_stream = (segment[at + 1].load(Ordering::Relaxed) >> 32) as u32;
         if frame_stream == stream {
-            if copy_from == usize::MAX {
-                copy_from = start;
-            }
             let payload = buf_base + (start - copy_from) * WORD_BYTES;
-            events.push((next, payload as u32, (payload + len) as u32));
+            out[wanted].write((*seq + passed as u64, payload as u32, (payload + len) as u32));
             wanted += 1;
             copy_to = end;
         } else if frame_stream == RESERVED_STREAM {
             // Possibly a gap marker: the general path reports it.
             break;
         }
-        next += 1;
+        passed += 1;
         at = end;
     }
-    let copy_from = (copy_from != usize::MAX).then_some(copy_from);
-    if next == *seq {
+    if passed == 0 {
         return false;
     }
-    if let Some(from) = copy_from {
-        copy_out(&segment[from..copy_to], (copy_to - from) * WORD_BYTES, buf);
+    // SAFETY: the loop initialised `out[..wanted]`, the `wanted` entries
+    // after the vector's `events_base`, within the capacity `reserve` made.
+    unsafe { events.set_len(events_base + wanted) };
+    if copy_to > copy_from {
+        copy_out(
+            &segment[copy_from..copy_to],
+            (copy_to - copy_from) * WORD_BYTES,
+            buf,
+        );
     }
     // As in `Window::read`, once for the run: a word from a later owner
     // shows as a changed stamp after this fence.
     fence(Ordering::Acquire);
-    if pool.stamp_now(pos.seg.unit, Ordering::Relaxed) != pos.seg.stamp {
+    if pool.stamp_now(pos.seg.unit, Ordering::Relaxed) != stamp {
         buf.truncate(buf_base);
         events.truncate(events_base);
         return false;
     }
-    *seq = next;
+    *seq += passed as u64;
     pos.offset = at as u32;
     true
 }
