@@ -137,7 +137,9 @@
 //! (`Replay::next_into`), once per run of frames in one segment for a
 //! batch (`Replay::next_batch`), which acquires the run's marks first and
 //! then copies the whole run, headers included, in one copy, and takes it
-//! back whole if the stamp changed. A batch that reaches the end of a
+//! back whole if the stamp changed. A batch finds each frame through its
+//! table entry (one more plain load per frame), so the loads of
+//! successive frames do not wait on each other's lengths. A batch that reaches the end of a
 //! sealed segment reads the successor's header once: it gives both the
 //! sealed segment's final count and where the reader goes on. Loom models
 //! of the batch path:

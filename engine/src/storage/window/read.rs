@@ -772,10 +772,19 @@ fn read_placed(
 /// below the claims already seen, while published and within the limits.
 /// Returns whether it moved the cursor.
 ///
-/// Per frame: the mark load (Acquire), the meta load and the entry
-/// written. Per run: one copy of the words from the first frame's payload
-/// to the end of the last wanted one (marks acquired first, so every word
-/// copied was published), then `fence(Acquire)` and one stamp load.
+/// Per frame: the table entry load, the mark load (Acquire), the meta load
+/// and the entry written. Per run: one copy of the words from the first
+/// frame's payload to the end of the last wanted one (marks acquired
+/// first, so every word copied was published), then `fence(Acquire)` and
+/// one stamp load.
+///
+/// Each frame is found through its table entry rather than at the end of
+/// the frame before it: the entries' addresses depend on the frame's index
+/// alone, so the loads of successive frames overlap instead of each
+/// waiting for the previous mark's length (that chain of dependent loads
+/// bounded the loop). An entry of this allocation is only ever its frame's
+/// offset (a later owner's words show as a changed stamp after the fence);
+/// a frame that starts before the end of the one before stops the run.
 fn run_placed(
     pool: &Pool,
     cursor: &mut Cursor,
@@ -806,23 +815,36 @@ fn run_placed(
         (claimed.min(usize::MAX as u64) as usize).min(max_events.saturating_sub(events_base));
     events.reserve(frames);
     let out = &mut events.spare_capacity_mut()[..frames];
-    // Words the run may copy before the byte limit stops it (checked before
-    // each frame, so a batch may end one frame past the limit).
-    let max_words = max_bytes.saturating_sub(buf_base).div_ceil(WORD_BYTES);
-    let table_end = segment.len();
     let mut at = pos.offset as usize;
     // Words [copy_from, copy_to) of the segment go to `buf` at `buf_base`:
     // from the first frame's payload to the end of the last wanted one
     // (frames of other streams in between are copied and passed over).
+    // The payload of a frame at word `a` lands at `bias + a * WORD_BYTES`.
     let copy_from = at + FRAME_HEADER_WORDS;
     let mut copy_to = copy_from;
+    let bias = buf_base.wrapping_sub(at * WORD_BYTES);
+    // No frame starts at or past `copy_limit`: the byte limit, checked
+    // before each frame, so a batch may end one frame past it.
+    let max_words = max_bytes.saturating_sub(buf_base).div_ceil(WORD_BYTES);
+    let copy_limit = copy_from.saturating_add(max_words);
+    // Frame `next` must end by `frame_limit`, below its table entry (one
+    // per frame, from the segment's end down).
     let first_index = (*seq - pos.first_seq) as usize;
+    let mut frame_limit = segment.len().saturating_sub(first_index + 1);
+    let mut next = *seq;
+    let run_end = *seq + frames as u64;
     let mut wanted = 0;
-    let mut passed = 0;
-    while passed < frames && copy_to - copy_from < max_words {
-        // Frame `*seq + passed`'s entry in the segment's table.
-        let index = first_index + passed;
-        let Some(mark) = segment.get(at) else {
+    while next < run_end && at < copy_limit {
+        // The frame's table entry is the word at `frame_limit`; one of
+        // another allocation, or not written yet, stops the run.
+        let Some(entry) = segment.get(frame_limit) else {
+            break;
+        };
+        let Some(offset) = table_offset(entry.load(Ordering::Relaxed), stamp) else {
+            break;
+        };
+        let offset = offset as usize;
+        let Some(mark) = segment.get(offset) else {
             break;
         };
         // Acquire pairs with the appender's Release of the mark.
@@ -830,27 +852,25 @@ fn run_placed(
             break;
         };
         let len = len as usize;
-        let start = at + FRAME_HEADER_WORDS;
-        let end = start + len.div_ceil(WORD_BYTES);
-        // The frame must end before the table entries (one per frame, from
-        // the segment's end down).
-        if end > table_end - (index + 1) {
+        let end = offset + FRAME_HEADER_WORDS + len.div_ceil(WORD_BYTES);
+        if offset < at || end > frame_limit {
             break;
         }
-        let frame_stream = (segment[at + 1].load(Ordering::Relaxed) >> 32) as u32;
+        let frame_stream = (segment[offset + 1].load(Ordering::Relaxed) >> 32) as u32;
         if frame_stream == stream {
-            let payload = buf_base + (start - copy_from) * WORD_BYTES;
-            out[wanted].write((*seq + passed as u64, payload as u32, (payload + len) as u32));
+            let payload = bias.wrapping_add(offset * WORD_BYTES);
+            out[wanted].write((next, payload as u32, (payload + len) as u32));
             wanted += 1;
             copy_to = end;
         } else if frame_stream == RESERVED_STREAM {
             // Possibly a gap marker: the general path reports it.
             break;
         }
-        passed += 1;
+        next += 1;
         at = end;
+        frame_limit -= 1;
     }
-    if passed == 0 {
+    if next == *seq {
         return false;
     }
     // SAFETY: the loop initialised `out[..wanted]`, the `wanted` entries
@@ -871,7 +891,7 @@ fn run_placed(
         events.truncate(events_base);
         return false;
     }
-    *seq += passed as u64;
+    *seq = next;
     pos.offset = at as u32;
     true
 }
