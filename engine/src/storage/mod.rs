@@ -139,10 +139,10 @@
 //! then copies the whole run, headers included, in one copy, and takes it
 //! back whole if the stamp changed. A batch finds each frame through its
 //! table entry (one more plain load per frame), so the loads of
-//! successive frames do not wait on each other's lengths. A batch that reaches the end of a
-//! sealed segment reads the successor's header once: it gives both the
-//! sealed segment's final count and where the reader goes on. Loom models
-//! of the batch path:
+//! successive frames do not wait on each other's lengths. A batch that
+//! reaches the end of a sealed segment reads the successor's header once:
+//! it gives both the sealed segment's final count and where the reader
+//! goes on. Loom models of the batch path:
 //! `loom_a_batch_reader_across_segment_boundaries_reads_every_event` and
 //! `loom_a_batch_reader_racing_release_and_reuse_never_sees_the_new_owner`.
 //! A read that finds nothing published adds one `fence(Acquire)` and stamp
