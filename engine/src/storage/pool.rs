@@ -203,11 +203,19 @@ impl Pool {
     /// 1 GiB pool — and every trim pass then marks each block's stamp
     /// word, another page each.
     fn free_untouched(&self) {
+        let low = self.make_untouched_below(self.shape.units);
+        self.push_blocks_from(low, self.shape.top_class);
+    }
+
+    /// Makes the whole top-class blocks below unit `below` the untouched
+    /// region (free, counted as such, on no list) and returns where it
+    /// ends: `below` rounded down to a top-class block.
+    fn make_untouched_below(&self, below: u32) -> u32 {
         let top = 1u32 << self.shape.top_class;
-        let low = self.shape.units / top * top;
+        let low = below / top * top;
         self.free_units.fetch_add(u64::from(low), Ordering::Relaxed);
         self.untouched.store(low, Ordering::Relaxed);
-        self.push_blocks_from(low, self.shape.top_class);
+        low
     }
 
     /// Pushes the units from `unit` to the end onto the free lists as
@@ -328,12 +336,9 @@ impl Pool {
     pub(crate) fn free_unused(&self, used: &[bool], untouched_below: u32) {
         let units = self.shape.units as usize;
         assert_eq!(used.len(), units);
-        let top = 1usize << self.shape.top_class;
-        let low = untouched_below as usize / top * top;
         // Below `low`: whole top-class blocks, never written; `take` carves
         // them when the lists run dry.
-        self.free_units.fetch_add(low as u64, Ordering::Relaxed);
-        self.untouched.store(low as u32, Ordering::Relaxed);
+        let low = self.make_untouched_below(untouched_below) as usize;
         let mut unit = low;
         let mut before = Vec::with_capacity(units - low + 1);
         before.push(0u32);
