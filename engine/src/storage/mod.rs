@@ -139,10 +139,14 @@
 //! then copies the whole run, headers included, in one copy, and takes it
 //! back whole if the stamp changed. A batch finds each frame through its
 //! table entry (one more plain load per frame), so the loads of
-//! successive frames do not wait on each other's lengths. A batch that
-//! reaches the end of a sealed segment reads the successor's header once:
-//! it gives both the sealed segment's final count and where the reader
-//! goes on. Loom models of the batch path:
+//! successive frames do not wait on each other's lengths. A reader reads
+//! each successor's header once: the state load that finds a segment
+//! sealed reads it for the segment's final count, and the reader keeps
+//! where it is and moves on to it at the segment's end with no further
+//! load (a successor released in between shows as a changed stamp at its
+//! first read, as any released segment does; unit test
+//! `a_successor_released_after_the_reader_found_it_is_reported_lost`).
+//! Loom models of the batch path:
 //! `loom_a_batch_reader_across_segment_boundaries_reads_every_event` and
 //! `loom_a_batch_reader_racing_release_and_reuse_never_sees_the_new_owner`.
 //! A read that finds nothing published adds one `fence(Acquire)` and stamp

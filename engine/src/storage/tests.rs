@@ -415,6 +415,68 @@ fn a_reader_at_the_end_of_a_released_segment_goes_on_in_its_successor() {
 }
 
 #[test]
+fn a_successor_released_after_the_reader_found_it_is_reported_lost() {
+    // Readers learn a sealed segment's successor when they first load its
+    // state, and keep it. If retention releases that successor (and
+    // another session reuses its units) before they reach it, they must
+    // find it lost at its first read: `Lagged`, never the new owner's
+    // bytes, never pending forever.
+    let p = pool(16, 2);
+    let w = Window::new();
+    let other = Window::new();
+    // 512-byte segments, three 100-byte events each.
+    let k = Retention {
+        first_class: 2,
+        ..keep(u64::MAX, u64::MAX)
+    };
+    for seq in 1..=9u64 {
+        w.append(&p, A, &k, 0, 0, &payload(seq, 100), 0).unwrap();
+    }
+    let (first, h) = w.oldest_segment(&p).unwrap();
+    assert_eq!(h.first_seq, 1);
+    let mut single = w.cursor_after(0);
+    let mut batched = w.cursor_after(0);
+    let mut buf = Vec::new();
+    let (mut data, mut events) = (Vec::new(), Vec::new());
+    for seq in 1..=3u64 {
+        match w.read(&p, A, &mut single, None, &mut buf) {
+            Read::Event(m) => assert_eq!((m.seq, &buf), (seq, &payload(seq, 100))),
+            other => panic!("event {seq}: {other:?}"),
+        }
+    }
+    assert_eq!(
+        w.read_many(&p, A, &mut batched, 0, &mut data, &mut events, 3, 1 << 20),
+        None
+    );
+    assert_eq!(events.iter().map(|e| e.0).collect::<Vec<_>>(), [1, 2, 3]);
+    // Both readers stand at the end of the first segment. Release it and
+    // its successor, and let another session take their units.
+    assert!(w.retain(&p, &keep(3, u64::MAX), true) > 0);
+    assert!(w.retain(&p, &keep(3, u64::MAX), true) > 0);
+    assert_eq!(w.oldest_retained(&p), 7);
+    let mut taken = 0;
+    while other.append(&p, B, &k, 0, 0, &[0xbb; 100], 0).is_ok() && taken < 64 {
+        taken += 1;
+    }
+    assert_ne!(
+        p.stamp_now(first.unit, crate::sync::Ordering::Relaxed),
+        first.stamp,
+        "the released units were reused"
+    );
+    assert_eq!(
+        w.read(&p, A, &mut single, None, &mut buf),
+        Read::Lagged { missing: 4 }
+    );
+    data.clear();
+    events.clear();
+    assert_eq!(
+        w.read_many(&p, A, &mut batched, 0, &mut data, &mut events, 64, 1 << 20),
+        Some(Read::Lagged { missing: 4 })
+    );
+    assert!(events.is_empty());
+}
+
+#[test]
 fn a_walk_from_the_oldest_end_that_retention_overtakes_does_not_report_a_gap() {
     // A reader that is descheduled after reading the oldest segment's
     // header, while retention releases that segment and the next, must not

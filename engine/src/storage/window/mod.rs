@@ -102,6 +102,15 @@ pub(super) struct Pos {
     /// Frames in the segment once it is known to be sealed; `UNKNOWN`
     /// before.
     sealed_count: u32,
+    /// Once `sealed_count` is known: the successor whose header told it,
+    /// and that successor's size class. A reader that reaches the sealed
+    /// segment's end moves on to it without loading the state word and
+    /// the successor's header a second time. Everything read from it is
+    /// validated against this stamp as from any segment, so a successor
+    /// released in between is found lost on the first read, as it would
+    /// be by loading its header again.
+    next: SegRef,
+    next_class: u8,
     /// Frames the reader has already seen claimed in this segment (the
     /// count of its last state load). Claims only grow within an
     /// allocation, so frames below it need no state load: their mark and
@@ -112,6 +121,12 @@ pub(super) struct Pos {
 }
 
 const UNKNOWN: u32 = u32::MAX;
+
+/// [`Pos::next`] before the successor is known (no unit has that number).
+const NO_SEGMENT: SegRef = SegRef {
+    unit: u32::MAX,
+    stamp: 0,
+};
 
 impl Pos {
     /// At frame `seq` of `seg`, whose header is `h`: its offset is known
@@ -128,14 +143,49 @@ impl Pos {
     /// At the first frame of `seg`, whose header is `h`.
     #[inline(always)]
     fn start(seg: SegRef, h: &SegmentHeader) -> Pos {
+        Pos::first_of(seg, h.class(), h.first_seq)
+    }
+
+    /// At the first frame of `seg`, of size class `class`, whose first
+    /// frame is `first_seq`.
+    #[inline(always)]
+    fn first_of(seg: SegRef, class: u8, first_seq: u64) -> Pos {
         Pos {
             seg,
-            class: h.class(),
-            first_seq: h.first_seq,
+            class,
+            first_seq,
             offset: HEADER_WORDS as u32,
             sealed_count: UNKNOWN,
+            next: NO_SEGMENT,
+            next_class: 0,
             known: 0,
         }
+    }
+
+    /// Records that the segment is sealed with `count` frames, its
+    /// successor being `next` with header `h`; `next` is kept only if `h`
+    /// is `owner`'s (else the end of the segment takes the general path,
+    /// which finds it lost).
+    #[inline(always)]
+    fn sealed(&mut self, count: u32, next: SegRef, h: &SegmentHeader, owner: Owner) {
+        self.sealed_count = count;
+        if is_owner(h, owner) {
+            self.next = next;
+            self.next_class = h.class();
+        }
+    }
+
+    /// Past the last frame of a sealed segment whose successor is known:
+    /// the successor's first frame.
+    #[inline(always)]
+    fn successor(&self) -> Option<Pos> {
+        (self.sealed_count != UNKNOWN && self.next != NO_SEGMENT).then(|| {
+            Pos::first_of(
+                self.next,
+                self.next_class,
+                self.first_seq + u64::from(self.sealed_count),
+            )
+        })
     }
 }
 

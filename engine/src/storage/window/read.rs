@@ -362,6 +362,14 @@ impl Window {
                 return Claimed::At { changed };
             }
             changed = true;
+            // Past the last frame of a segment already seen sealed: on to
+            // the successor found then (the state is final once sealed).
+            if index == pos.sealed_count {
+                if let Some(next) = pos.successor() {
+                    *pos = next;
+                    continue;
+                }
+            }
             let state = State::decode(
                 pool.state(pos.seg.unit).load(Ordering::Acquire),
                 pos.seg.stamp,
@@ -380,7 +388,7 @@ impl Window {
                         };
                         match read_header(pool, n) {
                             Some(h) if h.owner_epoch == owner.epoch && h.prev == pos.seg.pack() => {
-                                pos.sealed_count = (h.first_seq - pos.first_seq) as u32;
+                                pos.sealed((h.first_seq - pos.first_seq) as u32, n, &h, owner);
                                 successor = Some((n, h));
                             }
                             _ => lost!(),
@@ -618,11 +626,12 @@ pub(in crate::storage) fn walk_forward(
         if seq < nh.first_seq {
             // Sealed: its frames are exactly those before its successor's.
             let count = (nh.first_seq - h.first_seq) as u32;
-            return Some(Locate::At(Pos {
+            let mut pos = Pos {
                 known: count,
-                sealed_count: count,
                 ..Pos::at(seg, &h, seq)
-            }));
+            };
+            pos.sealed(count, n, &nh, owner);
+            return Some(Locate::At(pos));
         }
         (seg, h) = (n, nh);
     }
