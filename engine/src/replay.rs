@@ -411,9 +411,13 @@ impl Batch {
 
     /// The events, in order: each one's id and payload.
     pub fn iter(&self) -> impl ExactSizeIterator<Item = (EventId, &[u8])> + '_ {
+        // The id and the buffer are copied into the iterator: read through
+        // `self` at each step, they are loaded again whenever the caller's
+        // loop body might write memory (a call, a `black_box`).
+        let (id, data) = (self.id, &self.data[..]);
         self.events.iter().map(move |&(seq, start, end)| {
-            let payload = &self.data[start as usize..end as usize];
-            (EventId { seq, ..self.id }, payload)
+            let payload = &data[start as usize..end as usize];
+            (EventId { seq, ..id }, payload)
         })
     }
 
