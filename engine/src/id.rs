@@ -512,7 +512,7 @@ fn field(b: &[u8], from: usize, to: usize, max: usize) -> Option<u64> {
 
 /// The value of the `digits` (1 to 8) hex digits ending at `b[end - 1]`:
 /// the eight bytes ending there, those before the digits replaced by '0'.
-#[inline]
+#[inline(always)]
 fn word_ending_at(b: &[u8], end: usize, digits: usize) -> Option<u64> {
     let word: [u8; 8] = b.get(end - 8..end)?.try_into().ok()?;
     let x = u64::from_le_bytes(word);
