@@ -164,8 +164,8 @@ impl Pos {
 
     /// Records that the segment is sealed with `count` frames, its
     /// successor being `next` with header `h`; `next` is kept only if `h`
-    /// is `owner`'s (else the end of the segment takes the general path,
-    /// which finds it lost).
+    /// is `owner`'s (else a reader that reaches the segment's end finds
+    /// its successor lost).
     #[inline(always)]
     fn sealed(&mut self, count: u32, next: SegRef, h: &SegmentHeader, owner: Owner) {
         self.sealed_count = count;
@@ -179,7 +179,7 @@ impl Pos {
     /// the successor's first frame.
     #[inline(always)]
     fn successor(&self) -> Option<Pos> {
-        (self.sealed_count != UNKNOWN && self.next != NO_SEGMENT).then(|| {
+        (self.next != NO_SEGMENT).then(|| {
             Pos::first_of(
                 self.next,
                 self.next_class,

@@ -362,21 +362,23 @@ impl Window {
                 return Claimed::At { changed };
             }
             changed = true;
-            // Past the last frame of a segment already seen sealed: on to
-            // the successor found then (the state is final once sealed).
-            if index == pos.sealed_count {
-                if let Some(next) = pos.successor() {
-                    *pos = next;
-                    continue;
+            // Past the last frame of a segment seen sealed: on to the
+            // successor kept when its count was learnt (the state is final
+            // once sealed). None was kept if that header was not this
+            // owner's: the segment's successor is lost to the reader.
+            if pos.sealed_count != UNKNOWN && index == pos.sealed_count {
+                match pos.successor() {
+                    Some(next) => {
+                        *pos = next;
+                        continue;
+                    }
+                    None => lost!(),
                 }
             }
             let state = State::decode(
                 pool.state(pos.seg.unit).load(Ordering::Acquire),
                 pos.seg.stamp,
             );
-            // The successor's header, once read to learn the sealed count:
-            // moving on to it needs nothing else.
-            let mut successor = None;
             let count = match state {
                 None => lost!(),
                 Some(State::Open { count, .. } | State::Last { count, .. }) => count,
@@ -389,7 +391,6 @@ impl Window {
                         match read_header(pool, n) {
                             Some(h) if h.owner_epoch == owner.epoch && h.prev == pos.seg.pack() => {
                                 pos.sealed((h.first_seq - pos.first_seq) as u32, n, &h, owner);
-                                successor = Some((n, h));
                             }
                             _ => lost!(),
                         }
@@ -402,21 +403,9 @@ impl Window {
                 return Claimed::At { changed };
             }
             match state {
-                Some(State::Next { next }) if index == count => {
-                    let found = successor.or_else(|| {
-                        let n = SegRef {
-                            unit: next,
-                            stamp: pool.stamp_now(next, Ordering::Acquire),
-                        };
-                        read_header(pool, n).map(|h| (n, h))
-                    });
-                    match found {
-                        Some((n, h)) if is_owner(&h, owner) && h.prev == pos.seg.pack() => {
-                            *pos = Pos::start(n, &h);
-                        }
-                        _ => lost!(),
-                    }
-                }
+                // The count was just learnt, the successor kept with it:
+                // the top of the loop moves on to it.
+                Some(State::Next { .. }) if index == count => {}
                 Some(State::Last { .. }) => return Claimed::Not(Read::Ended),
                 _ => return Claimed::Not(Read::Pending),
             }
