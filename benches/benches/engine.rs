@@ -72,6 +72,21 @@ fn append(c: &mut Criterion) {
         bodies::append_parallel(b, ScanSortStore::default, 2, p)
     });
 
+    // The control for `2t_distinct`: each thread on a store of its own,
+    // so nothing is shared but the machine. Rewind's `2t_distinct` at its
+    // `2t_own_store` time means its sessions do not slow each other; what
+    // is left of the gap to `1t` is the host's.
+    let v = "2t_own_store";
+    append_bench::<FloorStore>(&mut g, v, |b| {
+        bodies::append_parallel_own_store(b, FloorStore::default, 2, p)
+    });
+    append_bench::<RewindStore>(&mut g, v, |b| {
+        bodies::append_parallel_own_store(b, rewind, 2, p)
+    });
+    append_bench::<RewindSingleWriterStore>(&mut g, v, |b| {
+        bodies::append_parallel_own_store(b, single_writer, 2, p)
+    });
+
     let v = "2t_same_session";
     append_bench::<RewindStore>(&mut g, v, |b| bodies::append_same_session(b, rewind, p));
     append_bench::<SharedMutexStore>(&mut g, v, |b| {

@@ -27,8 +27,27 @@ pub fn append_parallel<S: AppendStore>(
 ) {
     b.iter_custom(|iters| {
         let store = make();
-        let writers = (0..threads).map(|_| store.open()).collect();
-        run_writers(&store, writers, iters, payload)
+        let writers = (0..threads).map(|_| (&store, store.open())).collect();
+        run_writers(writers, iters, payload)
+    });
+}
+
+/// [`append_parallel`] with a store of its own per thread: nothing of one
+/// store is shared between the threads, so the time is what the machine
+/// gives `threads` independent writers. Beside `append_parallel` on one
+/// store it tells the store's cross-session sharing apart from the
+/// machine's own scaling (on a shared host, two vCPUs that are one core's
+/// two hyperthreads slow each other whatever the store does).
+pub fn append_parallel_own_store<S: AppendStore>(
+    b: &mut Bencher<'_, WallTime>,
+    make: impl Fn() -> S,
+    threads: usize,
+    payload: &[u8],
+) {
+    b.iter_custom(|iters| {
+        let stores: Vec<S> = (0..threads).map(|_| make()).collect();
+        let writers = stores.iter().map(|s| (s, s.open())).collect();
+        run_writers(writers, iters, payload)
     });
 }
 
@@ -42,8 +61,8 @@ where
     b.iter_custom(|iters| {
         let store = make();
         let first = store.open();
-        let writers = vec![first.clone(), first];
-        run_writers(&store, writers, iters, payload)
+        let writers = vec![(&store, first.clone()), (&store, first)];
+        run_writers(writers, iters, payload)
     });
 }
 
@@ -70,8 +89,7 @@ fn thread_cpu_ns() -> Option<u64> {
 }
 
 fn run_writers<S: AppendStore>(
-    store: &S,
-    writers: Vec<S::Writer>,
+    writers: Vec<(&S, S::Writer)>,
     iters: u64,
     payload: &[u8],
 ) -> Duration {
@@ -79,7 +97,7 @@ fn run_writers<S: AppendStore>(
     let spans: Vec<(Instant, Instant, u64)> = thread::scope(|s| {
         let handles: Vec<_> = writers
             .into_iter()
-            .map(|mut w| {
+            .map(|(store, mut w)| {
                 let barrier = &barrier;
                 s.spawn(move || {
                     barrier.wait();
