@@ -36,8 +36,8 @@ pub fn append_parallel<S: AppendStore>(
 /// store is shared between the threads, so the time is what the machine
 /// gives `threads` independent writers. Beside `append_parallel` on one
 /// store it tells the store's cross-session sharing apart from the
-/// machine's own scaling (on a shared host, two vCPUs that are one core's
-/// two hyperthreads slow each other whatever the store does).
+/// machine's own scaling (on a shared host the second vCPU is not always
+/// a whole core of its own).
 pub fn append_parallel_own_store<S: AppendStore>(
     b: &mut Bencher<'_, WallTime>,
     make: impl Fn() -> S,
