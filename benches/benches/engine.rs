@@ -209,7 +209,9 @@ fn replay_store<S: ReplayStore>(c: &mut Criterion, scale: &Scale, store: S, plan
     let contended =
         plan.contended && (wanted("contended", "writer") || wanted("contended", "reader"));
     let resume = plan.resume
-        && (wanted("resume_decision", "scattered") || wanted("resume_decision", "same_session"));
+        && (wanted("resume_decision", "scattered")
+            || wanted("resume_decision", "same_session")
+            || wanted("resume_decision", "newest"));
     if !(wanted("replay", "scattered") || wanted("replay", "same_session") || contended || resume) {
         return;
     }
@@ -274,6 +276,17 @@ fn replay_store<S: ReplayStore>(c: &mut Criterion, scale: &Scale, store: S, plan
         });
         g.bench_function(BenchmarkId::new("same_session", name), |b| {
             bodies::resume(b, &store, one, &mut same)
+        });
+        // A client that dropped just now: its cursor is the session's
+        // next-to-newest event, in the segment still being written.
+        let newest = [bodies::populate_newest(&store, REPLAYED + 1, p)];
+        assert!(
+            store.resume_first(&newest[0], &mut Vec::new()),
+            "{name}: a resume from the next-to-newest event delivered nothing"
+        );
+        let mut walk = CursorWalk::new(1);
+        g.bench_function(BenchmarkId::new("newest", name), |b| {
+            bodies::resume(b, &store, &newest, &mut walk)
         });
         g.finish();
     }

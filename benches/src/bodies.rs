@@ -157,6 +157,18 @@ pub fn populate<S: ReplayStore>(
         .collect()
 }
 
+/// Opens one more session with `events` events and returns the cursor of
+/// its next-to-newest event: a resume from it delivers the newest.
+pub fn populate_newest<S: ReplayStore>(store: &S, events: usize, payload: &[u8]) -> S::Cursor {
+    let mut w = store.open();
+    for _ in 2..events {
+        store.append(&mut w, payload);
+    }
+    let cursor = store.append_for_cursor(&mut w, payload);
+    store.append(&mut w, payload);
+    cursor
+}
+
 /// Checks, before anything is measured, that a replay after the first
 /// cursor returns `expected` events and a resume delivers one.
 pub fn check_replay<S: ReplayStore>(
