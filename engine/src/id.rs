@@ -331,6 +331,14 @@ impl EventId {
             .or_else(|()| parse_exact(s.as_bytes()))
     }
 
+    /// [`EventId::parse`] as a call, for a caller that inlines its own fast
+    /// path (a session's own cursors) and keeps the general parser, which
+    /// would make that caller too large to inline, out of line.
+    #[inline(never)]
+    pub(crate) fn parse_outlined(s: &str) -> Result<EventId, EventIdError> {
+        EventId::parse(s)
+    }
+
     /// The id formatted into a stack buffer.
     pub fn to_buf(&self) -> IdBuf {
         let mut buf = IdBuf::new();
@@ -393,7 +401,7 @@ impl IdPrefix {
     /// The stream and sequence of `s` if `s` is an id with this prefix;
     /// `None` for anything else (which may still be a valid id of another
     /// incarnation, session or node: ask [`EventId::parse`]).
-    #[inline]
+    #[inline(always)]
     pub(crate) fn parse(&self, s: &str) -> Option<(u32, u64)> {
         let b = s.as_bytes();
         let len = usize::from(self.len);

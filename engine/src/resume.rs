@@ -202,7 +202,12 @@ impl Engine {
     /// Decides a reconnect and returns what to send. Never panics on any
     /// input; never returns a reader of a session other than the presented
     /// one.
-    #[inline]
+    ///
+    /// Inlined into its caller, with the own-cursor parse inlined into it:
+    /// the parsed id then stays in registers instead of being returned
+    /// through memory and copied in wider loads than it was stored with,
+    /// which stalls the load until the stores drain (run AL).
+    #[inline(always)]
     pub fn resume(&self, req: ResumeRequest<'_>) -> ResumeDecision {
         let mut facts = ResumeFacts::new(SessionFact::Absent, CursorFact::Absent);
         let found = self.shared.classify(req, &mut facts);
@@ -287,10 +292,11 @@ impl Shared {
         };
         // A live session recognises its own cursors by their first bytes;
         // anything else is parsed in full.
-        let cursor = req.last_event_id.map(|raw| match &found {
-            Some(s) => s.parse_cursor(raw),
-            None => EventId::parse(raw),
-        });
+        let cursor = match (req.last_event_id, &found) {
+            (None, _) => None,
+            (Some(raw), Some(s)) => Some(s.parse_cursor(raw)),
+            (Some(raw), None) => Some(EventId::parse_outlined(raw)),
+        };
         let parsed = cursor.and_then(Result::ok);
         let mut session = None;
         let session_fact = match (id, found) {

@@ -224,11 +224,11 @@ impl Session {
     /// Parses a presented cursor: through the session's own prefix when
     /// it is one of this incarnation's ids, otherwise in full (same answer
     /// either way).
-    #[inline]
+    #[inline(always)]
     pub(crate) fn parse_cursor(&self, raw: &str) -> Result<EventId, EventIdError> {
         match self.id_prefix.parse(raw) {
             Some((stream, seq)) => Ok(self.event_id(stream, seq)),
-            None => EventId::parse(raw),
+            None => EventId::parse_outlined(raw),
         }
     }
 
