@@ -160,6 +160,7 @@ pub fn populate<S: ReplayStore>(
 /// Opens one more session with `events` events and returns the cursor of
 /// its next-to-newest event: a resume from it delivers the newest.
 pub fn populate_newest<S: ReplayStore>(store: &S, events: usize, payload: &[u8]) -> S::Cursor {
+    assert!(events >= 2, "the cursor needs an event after it");
     let mut w = store.open();
     for _ in 2..events {
         store.append(&mut w, payload);
