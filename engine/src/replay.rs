@@ -198,11 +198,11 @@ impl Replay {
 
     /// The next event of the stream: its id, with its payload in `buf`
     /// (cleared first). `Ok(None)` when caught up with the writers.
-    ///
-    /// Inlined into the caller (the window's read stays a call): returned
-    /// through memory, the id's narrow fields were copied out by the
-    /// caller with wider loads than their stores, a stall on every event
-    /// (run AL).
+    //
+    // Inlined into the caller (the window's read stays a call): returned
+    // through memory, the id's narrow fields were copied out by the
+    // caller with wider loads than their stores, a stall on every event
+    // (BENCHMARKS.md, run AL).
     #[inline(always)]
     pub fn next_into(&mut self, buf: &mut Vec<u8>) -> Result<Option<EventId>, ReplayError> {
         let s = &*self.handle.session;

@@ -202,11 +202,11 @@ impl Engine {
     /// Decides a reconnect and returns what to send. Never panics on any
     /// input; never returns a reader of a session other than the presented
     /// one.
-    ///
-    /// Inlined into its caller, with the own-cursor parse inlined into it:
-    /// the parsed id then stays in registers instead of being returned
-    /// through memory and copied in wider loads than it was stored with,
-    /// which stalls the load until the stores drain (run AL).
+    //
+    // Inlined into its caller, with the own-cursor parse inlined into it:
+    // the parsed id then stays in registers instead of being returned
+    // through memory and copied in wider loads than it was stored with,
+    // which stalls the load until the stores drain (BENCHMARKS.md, run AL).
     #[inline(always)]
     pub fn resume(&self, req: ResumeRequest<'_>) -> ResumeDecision {
         let mut facts = ResumeFacts::new(SessionFact::Absent, CursorFact::Absent);
