@@ -5,7 +5,7 @@ use std::hint::black_box;
 use std::cell::RefCell;
 
 use rewind_engine::{
-    Batch, Config, Engine, ResumeAction, ResumeRequest, SessionHandle, SessionWriter,
+    Batch, Config, Engine, Replay, ResumeAction, ResumeRequest, SessionHandle, SessionWriter,
 };
 
 use crate::{AppendStore, ReplayStore};
@@ -59,6 +59,29 @@ impl RewindStore {
             principal: None,
         }
     }
+
+    /// Resumes from `cursor` and, if the decision is a replay, runs `read`
+    /// on the reader where the decision holds it; `None` otherwise.
+    ///
+    /// Not moved out first: a move right after the decision copies the
+    /// reader in wider pieces than its fields were just stored in, and on
+    /// the AMD hosts here such a load waits for those stores to drain —
+    /// 14–20 ns a resume (BENCHMARKS.md, run AM). A caller that does any
+    /// work between the two (the server records the decision's metrics
+    /// first) does not wait; a bench that moves at once measures its own
+    /// move.
+    #[inline(always)]
+    fn with_replay<R>(
+        &self,
+        cursor: &RewindCursor,
+        read: impl FnOnce(&mut Replay) -> R,
+    ) -> Option<R> {
+        let mut decision = self.engine.resume(Self::request(cursor));
+        match &mut decision.action {
+            ResumeAction::Replay(replay) => Some(read(replay)),
+            _ => None,
+        }
+    }
 }
 
 impl Default for RewindStore {
@@ -107,31 +130,29 @@ impl ReplayStore for RewindStore {
     /// call, as [`RewindPerEventStore`] measures: it frames and writes each
     /// event as it goes.)
     fn replay_after(&self, cursor: &RewindCursor, _buf: &mut Vec<u8>) -> usize {
-        let ResumeAction::Replay(mut replay) = self.engine.resume(Self::request(cursor)).action
-        else {
-            return 0;
-        };
-        BATCH.with_borrow_mut(|batch| {
-            let mut n = 0;
-            while let Ok(k) = replay.next_batch(batch, usize::MAX, usize::MAX) {
-                if k == 0 {
-                    break;
+        self.with_replay(cursor, |replay| {
+            BATCH.with_borrow_mut(|batch| {
+                let mut n = 0;
+                while let Ok(k) = replay.next_batch(batch, usize::MAX, usize::MAX) {
+                    if k == 0 {
+                        break;
+                    }
+                    for event in batch.iter() {
+                        black_box(event);
+                    }
+                    n += k;
                 }
-                for event in batch.iter() {
-                    black_box(event);
-                }
-                n += k;
-            }
-            n
+                n
+            })
         })
+        .unwrap_or(0)
     }
 
     fn resume_first(&self, cursor: &RewindCursor, buf: &mut Vec<u8>) -> bool {
-        let ResumeAction::Replay(mut replay) = self.engine.resume(Self::request(cursor)).action
-        else {
-            return false;
-        };
-        matches!(replay.next_into(buf), Ok(Some(id)) if { black_box((id, &*buf)); true })
+        self.with_replay(cursor, |replay| {
+            matches!(replay.next_into(buf), Ok(Some(id)) if { black_box((id, &*buf)); true })
+        })
+        .unwrap_or(false)
     }
 }
 
@@ -173,17 +194,16 @@ impl ReplayStore for RewindPerEventStore {
     }
 
     fn replay_after(&self, cursor: &RewindCursor, buf: &mut Vec<u8>) -> usize {
-        let ResumeAction::Replay(mut replay) =
-            self.0.engine.resume(RewindStore::request(cursor)).action
-        else {
-            return 0;
-        };
-        let mut n = 0;
-        while let Ok(Some(id)) = replay.next_into(buf) {
-            black_box((id, &*buf));
-            n += 1;
-        }
-        n
+        self.0
+            .with_replay(cursor, |replay| {
+                let mut n = 0;
+                while let Ok(Some(id)) = replay.next_into(buf) {
+                    black_box((id, &*buf));
+                    n += 1;
+                }
+                n
+            })
+            .unwrap_or(0)
     }
 
     fn resume_first(&self, cursor: &RewindCursor, buf: &mut Vec<u8>) -> bool {
