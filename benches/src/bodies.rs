@@ -97,9 +97,10 @@ fn run_writers<S: AppendStore>(
     let spans: Vec<(Instant, Instant, u64)> = thread::scope(|s| {
         let handles: Vec<_> = writers
             .into_iter()
-            .map(|(store, mut w)| {
+            .map(|(store, w)| {
                 let barrier = &barrier;
                 s.spawn(move || {
+                    let mut w = w;
                     barrier.wait();
                     let cpu_start = thread_cpu_ns();
                     let start = Instant::now();
