@@ -147,16 +147,20 @@ pub(crate) struct Pool {
     /// The free lists of each class `0..=top_class`. Padded: allocation in
     /// one class must not slow another class's pops.
     free: Box<[CachePadded<ClassLists>]>,
-    /// Units on the free lists (or being moved between them).
-    free_units: AtomicU64,
+    /// Units on the free lists (or being moved between them). Each
+    /// counter written by allocation and release has a cache line of its
+    /// own: on the line of the fields every append reads (`backing`,
+    /// `shape`, `data_base`), a release by one session's writer would take
+    /// that line from every other core (BENCHMARKS.md, run AM).
+    free_units: CachePadded<AtomicU64>,
     /// Units on the cold lists.
-    cold_units: AtomicU64,
+    cold_units: CachePadded<AtomicU64>,
     /// Trim passes: under way (low half; each may hold segments off the
     /// lists) and started so far (high half).
-    trims: AtomicU64,
+    trims: CachePadded<AtomicU64>,
     /// Appends that waited for a writer stalled in the middle of a frame
     /// ([`Pool::count_append_stall`]).
-    append_stalls: AtomicU64,
+    append_stalls: CachePadded<AtomicU64>,
     data_base: usize,
     /// Where the pool's own words start in the backing: 1 when the word
     /// before them is the allocation mark (a durable pool), else 0.
@@ -166,7 +170,7 @@ pub(crate) struct Pool {
     /// below its allocation mark, handed out as top-class blocks from its
     /// upper end once the free lists are empty (so neither a start nor a
     /// restart touches a page of it).
-    untouched: AtomicU32,
+    untouched: CachePadded<AtomicU32>,
     /// Whether segment headers carry their check
     /// ([`SegmentHeader::check_for`]), which only recovery reads: set for
     /// a pool over a backing that outlives the process (and for tests that
@@ -290,13 +294,13 @@ impl Pool {
                     })
                 })
                 .collect(),
-            free_units: AtomicU64::new(0),
-            cold_units: AtomicU64::new(0),
-            trims: AtomicU64::new(0),
-            append_stalls: AtomicU64::new(0),
+            free_units: CachePadded::new(AtomicU64::new(0)),
+            cold_units: CachePadded::new(AtomicU64::new(0)),
+            trims: CachePadded::new(AtomicU64::new(0)),
+            append_stalls: CachePadded::new(AtomicU64::new(0)),
             data_base: 2 * shape.units as usize,
             words_at,
-            untouched: AtomicU32::new(0),
+            untouched: CachePadded::new(AtomicU32::new(0)),
             header_checks: true,
         }
     }
