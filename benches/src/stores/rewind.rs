@@ -75,7 +75,7 @@ impl RewindStore {
     /// Not moved out first: a move right after the decision copies the
     /// reader in wider pieces than its fields were just stored in, and on
     /// the AMD hosts here such a load waits for those stores to drain —
-    /// 14–20 ns a resume (BENCHMARKS.md, run AM). A caller that does any
+    /// 14–17 ns a resume (BENCHMARKS.md, run AM). A caller that does any
     /// work between the two (the server records the decision's metrics
     /// first) does not wait; a bench that moves at once measures its own
     /// move.
