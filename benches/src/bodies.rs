@@ -100,6 +100,10 @@ fn run_writers<S: AppendStore>(
             .map(|(store, w)| {
                 let barrier = &barrier;
                 s.spawn(move || {
+                    // Onto this thread's stack: left in the closure, it
+                    // stays in the box the scope allocated on the spawning
+                    // thread's heap, where two writers' state can share a
+                    // cache line (BENCHMARKS.md, run AM).
                     let mut w = w;
                     barrier.wait();
                     let cpu_start = thread_cpu_ns();

@@ -147,11 +147,11 @@ pub(crate) struct Pool {
     /// The free lists of each class `0..=top_class`. Padded: allocation in
     /// one class must not slow another class's pops.
     free: Box<[CachePadded<ClassLists>]>,
-    /// Units on the free lists (or being moved between them). Each
-    /// counter written by allocation and release has a cache line of its
-    /// own: on the line of the fields every append reads (`backing`,
-    /// `shape`, `data_base`), a release by one session's writer would take
-    /// that line from every other core (BENCHMARKS.md, run AM).
+    /// Units on the free lists (or being moved between them). This and
+    /// the other counters each have a cache line of their own: on the line
+    /// of the fields every append reads (`backing`, `shape`, `data_base`),
+    /// a segment roll's update by one session's writer would take that
+    /// line from every other core (BENCHMARKS.md, run AM).
     free_units: CachePadded<AtomicU64>,
     /// Units on the cold lists.
     cold_units: CachePadded<AtomicU64>,
