@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::id::TagKey;
-use crate::storage::{PoolShape, Retention, UNIT_WORDS};
+use crate::storage::{PoolShape, Retention, ROOMY_FRAMES, UNIT_WORDS};
 
 /// How much the engine may hold, and for how long.
 ///
@@ -38,7 +38,10 @@ pub struct Config {
     pub global_bytes: u64,
     /// Largest segment of a session's ordinary growth (a power of two,
     /// 1 KiB to 64 MiB). A session's first segment is 512 bytes; each next
-    /// one doubles up to this.
+    /// one doubles up to this — or, while a segment this size would hold
+    /// fewer than four of the events being appended, up to the size that
+    /// holds four, within a quarter of `session_bytes` (and only when
+    /// `session_events` is 16 or more).
     pub max_segment_bytes: usize,
     /// Largest single event. Larger events get a segment of their own
     /// class; the pool must be able to hold one.
@@ -222,6 +225,12 @@ fn class_of(bytes: usize) -> u8 {
     units.trailing_zeros() as u8
 }
 
+/// The largest class whose segments are at most `bytes` (class 0 below a
+/// unit).
+fn class_at_most(bytes: usize) -> u8 {
+    (bytes / UNIT_BYTES).checked_ilog2().map_or(0, |c| c as u8)
+}
+
 impl Config {
     /// Checks every setting; the engine refuses to start on an error.
     pub fn validate(&self) -> Result<(), ConfigError> {
@@ -286,12 +295,59 @@ impl Config {
     }
 
     pub(crate) fn retention(&self) -> Retention {
+        let grow_class = class_of(self.max_segment_bytes.min(MAX_SEGMENT));
+        // Segments of at most a quarter of what the session keeps, in
+        // bytes and in events: the window then holds at most about a
+        // quarter more than its retention (docs/storage.md).
+        let quarter = usize::try_from(self.session_bytes / 4).unwrap_or(usize::MAX);
+        let roomy_class = if self.session_events >= 4 * u64::from(ROOMY_FRAMES) {
+            class_at_most(quarter.min(MAX_SEGMENT)).max(grow_class)
+        } else {
+            grow_class
+        };
         Retention {
             max_events: self.session_events,
             max_bytes: self.session_bytes,
             first_class: 0,
-            grow_class: class_of(self.max_segment_bytes.min(MAX_SEGMENT)),
+            grow_class,
+            roomy_class,
             hold_bytes: self.reader_hold_bytes,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn segments_grow_past_max_segment_bytes_only_within_a_quarter_of_the_retention() {
+        // The defaults keep 32 KiB: a quarter is the 8 KiB growth limit.
+        let k = Config::default().retention();
+        assert_eq!(
+            (k.grow_class, k.roomy_class),
+            (class_of(8 << 10), k.grow_class)
+        );
+        // A session that keeps 1 MiB: segments of up to 256 KiB for events
+        // too large for four to fit in 8 KiB.
+        let mut c = Config {
+            session_bytes: 1 << 20,
+            ..Config::default()
+        };
+        assert_eq!(c.retention().roomy_class, class_of(256 << 10));
+        // Rounded down: 100 KiB keeps segments at or below 25 KiB.
+        c.session_bytes = 100 << 10;
+        assert_eq!(c.retention().roomy_class, class_of(16 << 10));
+        // Too few events kept for four per segment to be a quarter.
+        c.session_bytes = 1 << 20;
+        c.session_events = 15;
+        assert_eq!(c.retention().roomy_class, c.retention().grow_class);
+        // Never below the growth limit, never past the largest segment.
+        c.session_events = 1024;
+        c.max_segment_bytes = 64 << 10;
+        c.session_bytes = 64 << 10;
+        assert_eq!(c.retention().roomy_class, class_of(64 << 10));
+        c.session_bytes = u64::MAX;
+        assert_eq!(c.retention().roomy_class, class_of(MAX_SEGMENT));
     }
 }

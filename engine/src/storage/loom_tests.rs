@@ -31,6 +31,7 @@ fn keep(max_events: u64) -> Retention {
         max_bytes: u64::MAX,
         first_class: 0,
         grow_class: 0,
+        roomy_class: 0,
         hold_bytes: 0,
     }
 }

@@ -26,7 +26,9 @@
 //!    payload words (`Relaxed`), then the *mark* `gen32 << 32 | len`
 //!    (`Release`): the completion mark that publishes the frame.
 //! 3. If it does not fit, allocate the next segment (one class larger, up
-//!    to the growth limit; larger still if the event needs it), initialise
+//!    to the growth limit, or up to the roomy limit while the growth limit
+//!    holds fewer than four such events; larger still if the event needs
+//!    it: `Retention::next_class`), initialise
 //!    its header with `first_seq = first_seq + count` and a back link, and
 //!    CAS the old head's state from that exact `count` to *sealed → next*
 //!    (`AcqRel`). The winner swings the session's `head` to the successor
@@ -273,7 +275,7 @@ mod tests;
 
 pub(crate) use pool::{Pool, PoolShape, TRIM_PER_PASS};
 pub(crate) use window::{
-    AppendFailure, Cursor, Deferred, Owner, Read, Retention, SingleWriter, Window,
+    AppendFailure, Cursor, Deferred, Owner, Read, Retention, SingleWriter, Window, ROOMY_FRAMES,
 };
 
 /// The default unit: 512-byte segments are the smallest class.

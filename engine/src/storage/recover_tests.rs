@@ -23,6 +23,7 @@ fn keep() -> Retention {
         max_bytes: 1 << 20,
         first_class: 0,
         grow_class: 2,
+        roomy_class: 2,
         hold_bytes: 0,
     }
 }

@@ -24,6 +24,7 @@ fn keep(max_events: u64, max_bytes: u64) -> Retention {
         max_bytes,
         first_class: 0,
         grow_class: 2,
+        roomy_class: 2,
         hold_bytes: 0,
     }
 }
@@ -153,6 +154,7 @@ fn a_cursor_placed_by_place_reads_what_a_fresh_walk_reads() {
         max_bytes: 1 << 20,
         first_class: 0,
         grow_class: 1,
+        roomy_class: 1,
         hold_bytes: 0,
     };
     let mut want = Vec::new();
@@ -220,6 +222,7 @@ fn a_long_chain_is_read_from_its_oldest_segment_and_from_anywhere_in_it() {
         max_bytes: 1 << 20,
         first_class: 0,
         grow_class: 0,
+        roomy_class: 0,
         hold_bytes: 0,
     };
     let mut want = Vec::new();
@@ -376,6 +379,7 @@ fn a_reader_at_the_end_of_a_released_segment_goes_on_in_its_successor() {
     // One 400-byte event per 512-byte segment: every append links one.
     let k = Retention {
         grow_class: 2,
+        roomy_class: 2,
         first_class: 2,
         ..keep(1, 1 << 20)
     };
@@ -1093,6 +1097,52 @@ fn a_single_writer_appends_what_a_shared_writer_would_across_segments() {
             .unwrap();
     }
     assert!(single.oldest_retained(&p) > 100, "old segments released");
+}
+
+#[test]
+fn segments_grow_to_hold_several_large_events_within_the_roomy_class() {
+    // 128-byte units. A 300-byte event's frame (328 bytes) needs a
+    // 512-byte segment, which holds one; four need 2 KiB (class 4).
+    let p = pool(4096, 6);
+    let plain = keep(1 << 20, 1 << 20);
+    let roomy = Retention {
+        roomy_class: 4,
+        ..plain
+    };
+    let (a, b, c) = (Window::new(), Window::new(), Window::new_single());
+    let mut writer = SingleWriter::new();
+    for seq in 1..=60u64 {
+        let body = payload(seq, 300);
+        assert_eq!(a.append(&p, A, &plain, 1, seq, &body, 0), Ok(seq));
+        assert_eq!(b.append(&p, B, &roomy, 1, seq, &body, 0), Ok(seq));
+        assert_eq!(
+            c.append_single(&p, A, &roomy, &mut writer, 1, seq, &body, 0),
+            Ok(seq)
+        );
+    }
+    // Without it: one event per 512-byte segment, the rest of it unused.
+    assert_eq!(a.held_units(), 60 * 4);
+    // With it: 512 bytes (one event), 1 KiB (two), then 2 KiB segments of
+    // five: 57 events in twelve, the last one partly filled.
+    assert_eq!(b.held_units(), 4 + 8 + 16 * 12);
+    assert_eq!(
+        c.held_units(),
+        b.held_units(),
+        "both append paths grow alike"
+    );
+    let want = read_all(&a, &p, A, 0, None);
+    assert_eq!(want.len(), 60);
+    assert_eq!(read_all(&b, &p, B, 0, None), want);
+    assert_eq!(read_all(&c, &p, A, 0, None), want);
+    assert_eq!(read_all(&b, &p, B, 29, None), want[29..]);
+    // Small events never reach past `grow_class`: 40-byte frames fill a
+    // class-1 segment four at a time already.
+    let d = Window::new();
+    for seq in 1..=40u64 {
+        d.append(&p, B, &roomy, 1, seq, &payload(seq, 16), 0)
+            .unwrap();
+    }
+    assert!(d.held_units() <= 2 * 10 + 2, "{} units", d.held_units());
 }
 
 #[test]

@@ -43,12 +43,43 @@ pub(crate) struct Retention {
     /// Class of a session's first segment (at least; a large first event
     /// takes a larger one).
     pub(crate) first_class: u8,
-    /// Segments grow by one class per segment up to this one.
+    /// Segments grow by one class per segment up to this one...
     pub(crate) grow_class: u8,
+    /// ... or, for events so large that a `grow_class` segment holds fewer
+    /// than [`ROOMY_FRAMES`] of them, up to the class that holds that many,
+    /// but not past this one (a quarter of `max_bytes`; `grow_class` when
+    /// the retention is too small for it). Without it, events of half a
+    /// `grow_class` segment each get a segment of their own: half of it
+    /// unused, and every event a segment boundary for a replay.
+    pub(crate) roomy_class: u8,
     /// Past `max_events`/`max_bytes`, the oldest segment is still kept
     /// while a reader that holds its place ([`Window::hold`]) has not read
     /// all of it, as long as the window holds at most this many bytes.
     pub(crate) hold_bytes: u64,
+}
+
+/// Frames of one size a segment is grown to hold, within
+/// [`Retention::roomy_class`].
+pub(crate) const ROOMY_FRAMES: u32 = 4;
+
+impl Retention {
+    /// The class a window asks for after a head segment of `class`, for a
+    /// frame of `frame_bytes` (the frame may need a larger one still: the
+    /// caller takes the larger of the two).
+    pub(crate) fn next_class(&self, pool: &Pool, class: u8, frame_bytes: usize) -> u8 {
+        let shape = pool.shape();
+        let cap = self.roomy_class.min(shape.top_class);
+        let room_for = |c: u8| {
+            let earlier = (ROOMY_FRAMES - 1) as usize * frame_bytes;
+            u32::try_from(earlier)
+                .is_ok_and(|used| fits(shape.class_words(c), ROOMY_FRAMES - 1, used, frame_bytes))
+        };
+        let mut limit = self.grow_class;
+        while limit < cap && !room_for(limit) {
+            limit += 1;
+        }
+        limit.min(class + 1)
+    }
 }
 
 /// Why an append stored nothing.

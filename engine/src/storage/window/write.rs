@@ -97,7 +97,7 @@ impl Window {
                         spin.snooze();
                         continue;
                     }
-                    let wanted = need_class.max(keep.grow_class.min(class + 1));
+                    let wanted = need_class.max(keep.next_class(pool, class, frame_bytes));
                     let first_seq = words[FIRST_SEQ].load(Ordering::Relaxed) + u64::from(count);
                     // The head may have been sealed, released and reused by
                     // another session since its state was loaded: then the
@@ -303,7 +303,7 @@ impl Window {
             self.writer_done(pool, w);
             return Err(AppendFailure::Ended);
         }
-        let wanted = need_class.max(keep.grow_class.min(h.class + 1));
+        let wanted = need_class.max(keep.next_class(pool, h.class, frame_bytes));
         let first_seq = h.first_seq + u64::from(h.count);
         let (seg, class) = loop {
             if let Some(got) = take_spare(pool, &mut None, wanted, need_class) {
