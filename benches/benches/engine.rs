@@ -23,8 +23,6 @@ const EVENT_BYTES: usize = 100;
 const REPLAYED: usize = 64;
 /// Payload of the copy-bandwidth group.
 const LARGE_EVENT_BYTES: usize = 4096;
-/// Largest segment of the copy-bandwidth group's Rewind stores.
-const LARGE_SEGMENT_BYTES: usize = 64 * 1024;
 
 fn main() {
     let scale = Scale::from_env();
@@ -311,20 +309,17 @@ fn copy(c: &mut Criterion) {
         bodies::memcpy_events(b, &source, LARGE_EVENT_BYTES)
     });
 
-    // A session that keeps 64 events of 4 KiB keeps 256 KiB: segments of
-    // up to a quarter of that, as `docs/storage.md` advises. (With the
-    // default 8 KiB, each segment holds one event and every event is a
-    // segment boundary: about 20 % slower per event, 30 % batched; run AM.)
-    let rewind = RewindStore::with_segments(64, LARGE_SEGMENT_BYTES);
+    // The default configuration: segments grow to 8 KiB, and past it to
+    // hold four events of this size (32 KiB here), within a quarter of the
+    // session's retention. (Capped at 8 KiB, each segment held one 4 KiB
+    // event and every event was a segment boundary: about 20 % slower per
+    // event, 30 % batched; run AM.)
+    let rewind = RewindStore::new(64);
     copy_store(&mut g, &rewind, p);
     // One event per call into one reused buffer, as the memcpy floor and
     // the SSE writer copy: the destination stays in L1 instead of growing
     // to a 256 KiB batch.
-    copy_store(
-        &mut g,
-        &RewindPerEventStore(RewindStore::with_segments(64, LARGE_SEGMENT_BYTES)),
-        p,
-    );
+    copy_store(&mut g, &RewindPerEventStore(RewindStore::new(64)), p);
     copy_store(
         &mut g,
         &SharedMutexStore::new(BASELINE_EVENTS_PER_SESSION),

@@ -37,20 +37,11 @@ impl RewindStore {
     /// An engine whose sessions keep at least `session_events` events, with
     /// a pool no bench fills (3 GiB, committed only as sessions use it).
     pub fn new(session_events: u64) -> RewindStore {
-        RewindStore::with_segments(session_events, Config::default().max_segment_bytes)
-    }
-
-    /// [`RewindStore::new`] with segments of up to `max_segment_bytes`
-    /// (the default, 8 KiB, holds one 4 KiB event; a session that keeps
-    /// 64 of them takes segments of a quarter of that, as
-    /// `docs/storage.md` advises).
-    pub fn with_segments(session_events: u64, max_segment_bytes: usize) -> RewindStore {
         let mut config = Config::default();
         config.session_events = session_events;
         config.session_bytes = 1 << 30;
         config.global_bytes = 3 << 30;
         config.max_sessions = 1 << 22;
-        config.max_segment_bytes = max_segment_bytes;
         RewindStore {
             engine: Engine::new(config).expect("bench config is valid"),
         }
