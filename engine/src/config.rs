@@ -296,9 +296,12 @@ impl Config {
 
     pub(crate) fn retention(&self) -> Retention {
         let grow_class = class_of(self.max_segment_bytes.min(MAX_SEGMENT));
-        // Segments of at most a quarter of what the session keeps, in
-        // bytes and in events: the window then holds at most about a
-        // quarter more than its retention (docs/storage.md).
+        // Large events' segments: at most a quarter of the bytes the
+        // session keeps, as docs/storage.md advises for `max_segment_bytes`
+        // (the window then holds at most about a quarter more bytes than
+        // its retention), and none for sessions that keep fewer than 16
+        // events, of which a segment of four to seven would be a large
+        // part.
         let quarter = usize::try_from(self.session_bytes / 4).unwrap_or(usize::MAX);
         let roomy_class = if self.session_events >= 4 * u64::from(ROOMY_FRAMES) {
             class_at_most(quarter.min(MAX_SEGMENT)).max(grow_class)
