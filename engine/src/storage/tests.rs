@@ -1103,7 +1103,7 @@ fn a_single_writer_appends_what_a_shared_writer_would_across_segments() {
 fn segments_grow_to_hold_several_large_events_within_the_roomy_class() {
     // 128-byte units. A 300-byte event's frame (328 bytes) needs a
     // 512-byte segment, which holds one; four need 2 KiB (class 4).
-    let p = pool(4096, 6);
+    let p = pool(1024, 6);
     let plain = keep(1 << 20, 1 << 20);
     let roomy = Retention {
         roomy_class: 4,
