@@ -312,8 +312,8 @@ fn copy(c: &mut Criterion) {
     // The default configuration: segments grow to 8 KiB, and past it to
     // hold four events of this size (32 KiB here), within a quarter of the
     // session's retention. (Capped at 8 KiB, each segment held one 4 KiB
-    // event and every event was a segment boundary: about 20 % slower per
-    // event, 30 % batched; run AM.)
+    // event and every event was a segment boundary: about 25 % longer per
+    // event, 30 % batched; run AN.)
     let rewind = RewindStore::new(64);
     copy_store(&mut g, &rewind, p);
     // One event per call into one reused buffer, as the memcpy floor and
