@@ -162,13 +162,17 @@ pub(crate) const CLOSED: u64 = u64::MAX;
 /// The state word of a segment, decoded.
 ///
 /// ```text
-/// open:          gen:21 | 0 | 0 | count:16 | used:26
-/// sealed → next: gen:21 | 1 | 0 | ...      | next unit + 1 : 32
-/// sealed, last:  gen:21 | 1 | 1 | count:16 | used:26
+/// open:          gen:20 | 0 | 0 | count:16 | used:26
+/// sealed → next: gen:20 | 1 | 0 | 0:6 | count + 1 : 10 | next unit + 1 : 32
+/// sealed, last:  gen:20 | 1 | 1 | count:16 | used:26
 /// ```
 ///
-/// `gen` is bits 1..22 of the stamp; `used` counts frame bytes (the header
-/// and table excluded). "Sealed, last" is how a segment ends when its
+/// `gen` is bits 1..21 of the stamp; `used` counts frame bytes (the header
+/// and table excluded). A sealed segment keeps its final count beside its
+/// successor when the count is below [`SEALED_COUNT_LIMIT`] (0 there: not
+/// kept — larger counts, and words written before the count was kept), so
+/// a reader placing a cursor inside it need not load the successor's
+/// header to learn where it ends. "Sealed, last" is how a segment ends when its
 /// session ends: no successor, but the final count is kept for recovery and
 /// deferred release.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -184,6 +188,10 @@ pub(crate) enum State {
     Next {
         /// The successor's first unit.
         next: u32,
+        /// Frames claimed, if the word keeps them (below
+        /// [`SEALED_COUNT_LIMIT`]); else the successor's first sequence
+        /// number tells.
+        count: Option<u32>,
     },
     /// The session ended with this segment open; `count` frames were
     /// claimed.
@@ -200,6 +208,10 @@ const COUNT_BITS: u32 = 16;
 const LAST_BIT: u64 = 1 << (USED_BITS + COUNT_BITS);
 const SEALED_BIT: u64 = LAST_BIT << 1;
 const GEN_SHIFT: u32 = USED_BITS + COUNT_BITS + 2;
+const SEALED_COUNT_SHIFT: u32 = 32;
+const SEALED_COUNT_BITS: u32 = 10;
+/// A sealed segment's state word keeps its count when below this.
+pub(crate) const SEALED_COUNT_LIMIT: u32 = (1 << SEALED_COUNT_BITS) - 1;
 /// Generation bits kept in a state word.
 pub(crate) const GEN_BITS: u32 = 64 - GEN_SHIFT;
 /// Largest frame-bytes count an open state can hold: segments are at most
@@ -218,7 +230,12 @@ impl State {
         let gen = state_gen(stamp) << GEN_SHIFT;
         match self {
             State::Open { count, used } => gen | u64::from(count) << USED_BITS | u64::from(used),
-            State::Next { next } => gen | SEALED_BIT | (u64::from(next) + 1),
+            State::Next { next, count } => {
+                let kept = count
+                    .filter(|&c| c < SEALED_COUNT_LIMIT)
+                    .map_or(0, |c| c + 1);
+                gen | SEALED_BIT | u64::from(kept) << SEALED_COUNT_SHIFT | (u64::from(next) + 1)
+            }
             State::Last { count, used } => {
                 gen | SEALED_BIT | LAST_BIT | u64::from(count) << USED_BITS | u64::from(used)
             }
@@ -226,6 +243,7 @@ impl State {
     }
 
     /// Decodes `word` if it belongs to the allocation with `stamp`.
+    #[inline(always)]
     pub(crate) fn decode(word: u64, stamp: u32) -> Option<State> {
         if word >> GEN_SHIFT != state_gen(stamp) {
             return None;
@@ -239,6 +257,10 @@ impl State {
         } else {
             State::Next {
                 next: ((word & 0xffff_ffff) - 1) as u32,
+                count: match (word >> SEALED_COUNT_SHIFT) as u32 & SEALED_COUNT_LIMIT {
+                    0 => None,
+                    kept => Some(kept - 1),
+                },
             }
         })
     }
@@ -320,12 +342,37 @@ mod tests {
                 count: MAX_COUNT,
                 used: MAX_USED,
             },
-            State::Next { next: 0 },
-            State::Next { next: u32::MAX - 1 },
+            State::Next {
+                next: 0,
+                count: None,
+            },
+            State::Next {
+                next: u32::MAX - 1,
+                count: Some(0),
+            },
+            State::Next {
+                next: 7,
+                count: Some(SEALED_COUNT_LIMIT - 1),
+            },
             State::Last { count: 7, used: 99 },
         ] {
             assert_eq!(State::decode(s.encode(stamp), stamp), Some(s));
             assert_eq!(State::decode(s.encode(stamp), stamp + 2), None);
+        }
+        // A count too large to keep is left to the successor's header.
+        for count in [SEALED_COUNT_LIMIT, MAX_COUNT] {
+            let word = State::Next {
+                next: 3,
+                count: Some(count),
+            }
+            .encode(stamp);
+            assert_eq!(
+                State::decode(word, stamp),
+                Some(State::Next {
+                    next: 3,
+                    count: None
+                })
+            );
         }
     }
 

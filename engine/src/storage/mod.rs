@@ -128,7 +128,10 @@
 //! number and the cursor's place at once (`Window::place`): one pass reads
 //! the head's header and state and the oldest segment's header once each,
 //! and leaves the reader after the cursor's frame with its offset and the
-//! segment's claims known, so its first read needs no state load.
+//! segment's claims known, so its first read needs no state load. A seal
+//! keeps the sealed segment's final count in its state word (when below
+//! 1,023 frames), so a cursor inside a sealed segment is placed from that
+//! word alone, without its successor's header.
 //!
 //! Cost of a read, no RMW and no store to shared memory in any case: a
 //! placed reader loads the segment's state word only when it passes the
@@ -143,9 +146,10 @@
 //! table entry (one more plain load per frame), so the loads of
 //! successive frames do not wait on each other's lengths. A reader reads
 //! each successor's header once: the state load that finds a segment
-//! sealed reads it for the segment's final count, and the reader keeps
-//! where it is and moves on to it at the segment's end with no further
-//! load (a successor released in between shows as a changed stamp at its
+//! sealed reads it (for the segment's final count, when the seal did not
+//! keep it; else when the reader reaches the segment's end), and the
+//! reader keeps where it is and moves on to it at the segment's end with
+//! no further load (a successor released in between shows as a changed stamp at its
 //! first read, as any released segment does; unit test
 //! `a_successor_released_after_the_reader_found_it_is_reported_lost`).
 //! Loom models of the batch path:

@@ -233,7 +233,7 @@ fn restore(
     let mut pointed = vec![false; candidates.len()];
     for (i, c) in candidates.iter().enumerate() {
         let state = State::decode(pool.state(c.seg.unit).load(Ordering::Relaxed), c.seg.stamp);
-        if let Some(State::Next { next }) = state {
+        if let Some(State::Next { next, .. }) = state {
             if let Some(&j) = at.get(&next) {
                 if candidates[j].header.prev == c.seg.pack() {
                     successor[i] = Some(j);

@@ -1512,3 +1512,108 @@ fn a_new_pool_writes_nothing_in_its_whole_top_class_blocks_until_it_hands_them_o
     assert_eq!(p.free_bytes(), 0);
     assert_eq!(p.released_bytes(), 0);
 }
+
+/// Rewrites every sealed segment's state word of `w` as a word that keeps
+/// no count (as one written before counts were kept); returns how many.
+fn forget_sealed_counts(w: &Window, p: &Pool) -> usize {
+    use super::layout::State;
+    use crate::sync::Ordering;
+    let mut forgotten = 0;
+    let mut seg = w.oldest_segment(p).map(|(seg, _)| seg);
+    while let Some(s) = seg {
+        let state = p.state(s.unit);
+        seg = match State::decode(state.load(Ordering::Relaxed), s.stamp) {
+            Some(State::Next { next, count }) => {
+                assert!(count.is_some(), "a seal keeps a small count");
+                state.store(
+                    State::Next { next, count: None }.encode(s.stamp),
+                    Ordering::Relaxed,
+                );
+                forgotten += 1;
+                Some(SegRef {
+                    unit: next,
+                    stamp: p.stamp_now(next, Ordering::Relaxed),
+                })
+            }
+            _ => None,
+        };
+    }
+    forgotten
+}
+
+#[test]
+fn a_cursor_placed_by_a_sealed_segments_kept_count_reads_on_into_its_successor() {
+    // A seal keeps the segment's count in its state word, so a cursor
+    // placed inside a sealed segment is placed without its successor's
+    // header; the reader loads that header when it reaches the end. Every
+    // position, single and batched reads, both append paths — and the
+    // same answers from words that keep no count, as older pools have.
+    let p = pool(512, 2);
+    let shared = Window::new();
+    let single = Window::new_single();
+    let mut writer = SingleWriter::new();
+    let k = Retention {
+        first_class: 0,
+        grow_class: 1,
+        roomy_class: 1,
+        ..keep(1 << 20, 1 << 20)
+    };
+    let mut want = Vec::new();
+    for seq in 1..=70u64 {
+        let body = payload(seq, 10 + (seq as usize * 11) % 40);
+        assert_eq!(shared.append(&p, A, &k, 0, seq * 10, &body, 0), Ok(seq));
+        assert_eq!(
+            single.append_single(&p, A, &k, &mut writer, 0, seq * 10, &body, 0),
+            Ok(seq)
+        );
+        want.push((seq, body));
+    }
+    for (name, w) in [("shared", &shared), ("single", &single)] {
+        for counts_kept in [true, false] {
+            if !counts_kept {
+                assert!(forget_sealed_counts(w, &p) > 10, "{name}: a long chain");
+            }
+            for after in 0..=70u64 {
+                let placed = w.place(&p, A, Some(after));
+                assert_eq!(placed.high_water, 70);
+                if after > 0 {
+                    assert_eq!(placed.appended_ms, Some(after * 10), "{name} {after}");
+                }
+                let mut c = placed.cursor;
+                assert_eq!(
+                    read_from(w, &p, &mut c),
+                    Ok(want[after as usize..].to_vec()),
+                    "{name}, counts kept: {counts_kept}, after {after}"
+                );
+                assert_eq!(
+                    read_all_batched(w, &p, after, 0, 5, 1 << 20),
+                    (want[after as usize..].to_vec(), Read::Pending),
+                    "{name} batched, counts kept: {counts_kept}, after {after}"
+                );
+            }
+        }
+    }
+    // Placed inside the sealed oldest segment by its count, then that
+    // segment and its successors are released and their units reused by
+    // another owner before the first read: the reader lags, it never
+    // reads the new owner's bytes.
+    let w = Window::new();
+    let other = Window::new();
+    for seq in 1..=70u64 {
+        w.append(&p, A, &k, 0, 0, &payload(seq, 30), 0).unwrap();
+    }
+    let mut c = w.place(&p, A, Some(1)).cursor;
+    while w.oldest_retained(&p) <= 10 {
+        assert!(w.retain(&p, &keep(50, u64::MAX), true) > 0);
+    }
+    while other.append(&p, B, &k, 0, 0, &[0xbb; 40], 0).is_ok() {}
+    let mut buf = Vec::new();
+    match w.read(&p, A, &mut c, None, &mut buf) {
+        Read::Lagged { missing } => assert_eq!(missing, 2),
+        got => panic!("read {got:?} from a released segment"),
+    }
+    w.close(&p);
+    shared.close(&p);
+    single.close(&p);
+    other.close(&p);
+}

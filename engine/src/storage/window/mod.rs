@@ -133,13 +133,15 @@ pub(super) struct Pos {
     /// Frames in the segment once it is known to be sealed; `UNKNOWN`
     /// before.
     sealed_count: u32,
-    /// Once `sealed_count` is known: the successor whose header told it,
-    /// and that successor's size class. A reader that reaches the sealed
-    /// segment's end moves on to it without loading the state word and
-    /// the successor's header a second time. Everything read from it is
-    /// validated against this stamp as from any segment, so a successor
-    /// released in between is found lost on the first read, as it would
-    /// be by loading its header again.
+    /// The successor and its size class, once its header was loaded
+    /// (`NO_SEGMENT` before): when the seal kept no count, the header told
+    /// it; when the seal did, the cursor was placed without the header, and
+    /// it is loaded when the reader reaches the end. A reader that reaches
+    /// the sealed segment's end moves on to it without loading the state
+    /// word and the successor's header a second time. Everything read from
+    /// it is validated against this stamp as from any segment, so a
+    /// successor released in between is found lost on the first read, as
+    /// it would be by loading its header again.
     next: SegRef,
     next_class: u8,
     /// Frames the reader has already seen claimed in this segment (the

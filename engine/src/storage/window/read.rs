@@ -19,7 +19,7 @@ impl Window {
                 }
                 // Sealed, head not swung yet: its successor starts right
                 // after its last frame.
-                Some(State::Next { next }) => {
+                Some(State::Next { next, .. }) => {
                     let n = SegRef {
                         unit: next,
                         stamp: pool.stamp_now(next, Ordering::Acquire),
@@ -367,13 +367,12 @@ impl Window {
             // once sealed). None was kept if that header was not this
             // owner's: the segment's successor is lost to the reader.
             if pos.sealed_count != UNKNOWN && index == pos.sealed_count {
-                match pos.successor() {
-                    Some(next) => {
-                        *pos = next;
-                        continue;
-                    }
-                    None => lost!(),
+                if let Some(next) = pos.successor() {
+                    *pos = next;
+                    continue;
                 }
+                // The count came from the state word; the successor is
+                // loaded below.
             }
             let state = State::decode(
                 pool.state(pos.seg.unit).load(Ordering::Acquire),
@@ -382,14 +381,27 @@ impl Window {
             let count = match state {
                 None => lost!(),
                 Some(State::Open { count, .. } | State::Last { count, .. }) => count,
-                Some(State::Next { next }) => {
-                    if pos.sealed_count == UNKNOWN {
+                Some(State::Next { next, count }) => {
+                    if let Some(count) = count {
+                        pos.sealed_count = count;
+                    }
+                    // The successor is needed to learn the count, or to
+                    // move on to it.
+                    if pos.successor().is_none()
+                        && (pos.sealed_count == UNKNOWN || index >= pos.sealed_count)
+                    {
                         let n = SegRef {
                             unit: next,
                             stamp: pool.stamp_now(next, Ordering::Acquire),
                         };
                         match read_header(pool, n) {
-                            Some(h) if h.owner_epoch == owner.epoch && h.prev == pos.seg.pack() => {
+                            Some(h)
+                                if h.owner_epoch == owner.epoch
+                                    && h.prev == pos.seg.pack()
+                                    && (pos.sealed_count == UNKNOWN
+                                        || h.first_seq
+                                            == pos.first_seq + u64::from(pos.sealed_count)) =>
+                            {
                                 pos.sealed((h.first_seq - pos.first_seq) as u32, n, &h, owner);
                             }
                             _ => lost!(),
@@ -602,7 +614,19 @@ pub(in crate::storage) fn walk_forward(
                     ..Pos::at(seg, &h, seq)
                 }));
             }
-            State::Next { next } => next,
+            State::Next { next, count } => {
+                // Sealed with its count kept: a `seq` inside needs nothing
+                // from the successor yet (a reader that reaches the end
+                // loads it then, validated as any segment is).
+                if let Some(count) = count.filter(|&c| seq - h.first_seq < u64::from(c)) {
+                    return Some(Locate::At(Pos {
+                        known: count,
+                        sealed_count: count,
+                        ..Pos::at(seg, &h, seq)
+                    }));
+                }
+                next
+            }
         };
         let n = SegRef {
             unit: next,

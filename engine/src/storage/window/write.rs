@@ -64,7 +64,7 @@ impl Window {
             match State::decode(state_word, head.stamp) {
                 None => spin.snooze(),
                 Some(State::Last { .. }) => break Err(AppendFailure::Ended),
-                Some(State::Next { next }) => self.swing(pool, head_word, next),
+                Some(State::Next { next, .. }) => self.swing(pool, head_word, next),
                 Some(State::Open { count, used }) => {
                     let seg_words = pool.shape().class_words(class);
                     if fits(seg_words, count, used, frame_bytes) {
@@ -144,7 +144,11 @@ impl Window {
                         now_ms,
                         Writers::Many,
                     );
-                    let sealed = State::Next { next: seg.unit }.encode(head.stamp);
+                    let sealed = State::Next {
+                        next: seg.unit,
+                        count: Some(count),
+                    }
+                    .encode(head.stamp);
                     // Release: whoever follows `next` (an appender swinging
                     // the head, a reader) sees the successor's header.
                     match pool.state(head.unit).compare_exchange(
@@ -326,7 +330,11 @@ impl Window {
         // A store, not a CAS: nobody else writes the head's state.
         // Release: whoever follows `next` sees the successor's header.
         pool.state(h.seg.unit).store(
-            State::Next { next: seg.unit }.encode(h.seg.stamp),
+            State::Next {
+                next: seg.unit,
+                count: Some(h.count),
+            }
+            .encode(h.seg.stamp),
             Ordering::Release,
         );
         self.held_units.fetch_add(1 << class, Ordering::Relaxed);
@@ -509,7 +517,7 @@ impl Window {
             let Some(old) = read_header(pool, oldest) else {
                 return released;
             };
-            let Some(State::Next { next }) = State::decode(
+            let Some(State::Next { next, .. }) = State::decode(
                 pool.state(oldest.unit).load(Ordering::Acquire),
                 oldest.stamp,
             ) else {
@@ -631,7 +639,7 @@ impl Window {
                         next = None;
                         break count;
                     }
-                    Some(State::Next { next: n }) => {
+                    Some(State::Next { next: n, .. }) => {
                         let n = SegRef {
                             unit: n,
                             stamp: pool.stamp_now(n, Ordering::Acquire),
@@ -822,7 +830,7 @@ fn free_chain(pool: &Pool, seg: SegRef) {
             return;
         };
         next = match State::decode(pool.state(seg.unit).load(Ordering::Acquire), seg.stamp) {
-            Some(State::Next { next }) => Some(SegRef {
+            Some(State::Next { next, .. }) => Some(SegRef {
                 unit: next,
                 stamp: pool.stamp_now(next, Ordering::Acquire),
             }),
