@@ -436,8 +436,10 @@ impl Pool {
         self.word(unit as usize)
     }
 
-    /// The current stamp of `unit`.
-    #[inline]
+    /// The current stamp of `unit`. Always inlined: its callers pass the
+    /// ordering as a constant, which an out-of-line copy would test at run
+    /// time.
+    #[inline(always)]
     pub(crate) fn stamp_now(&self, unit: u32, order: Ordering) -> u32 {
         self.stamp(unit).load(order) as u32
     }
