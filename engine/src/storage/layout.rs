@@ -226,6 +226,10 @@ pub(crate) fn state_gen(stamp: u32) -> u64 {
 }
 
 impl State {
+    /// The state word for `self` in the allocation with `stamp`. Always
+    /// inlined: every append stores one, and its callers' variant is known
+    /// at compile time (an out-of-line copy matched on it per append).
+    #[inline(always)]
     pub(crate) fn encode(self, stamp: u32) -> u64 {
         let gen = state_gen(stamp) << GEN_SHIFT;
         match self {
