@@ -11,7 +11,9 @@
 //!   gives for the model's facts;
 //! - a resume delivers exactly the model's events of the cursor's stream
 //!   after the cursor, each once, in order — or the engine said "gap";
-//! - retention keeps at least the newest `SLOTS` events of a session;
+//! - retention keeps at least the newest `SLOTS` events of a session (16
+//!   in the second run, where the engine grows a session's segments to
+//!   hold several of the hog's large events);
 //! - under pool pressure (floods of sessions, a busy session filling the
 //!   pool) only idle sessions are evicted, an evicted session is gone
 //!   everywhere (appends refused, resumes 404), and a busy session loses
@@ -30,6 +32,9 @@ use rewind_engine::{
 };
 
 const SLOTS: usize = 8;
+/// Events kept per session in the run where segments grow for large
+/// events: the engine does that only from 16 kept events on.
+const GROWN_SLOTS: usize = 16;
 
 #[derive(Debug, Clone)]
 enum CursorPick {
@@ -126,14 +131,16 @@ struct ModelSession {
 
 struct World {
     engine: Engine,
+    /// Events retained per session (`Config::session_events`).
+    slots: usize,
     sessions: Vec<ModelSession>,
     /// Every event ever appended, by id, with the slot and epoch it belongs to.
     origin: HashMap<Vec<u8>, (usize, u64)>,
 }
 
-fn config(boot: u64) -> Config {
+fn config(boot: u64, slots: usize) -> Config {
     let mut c = Config::default();
-    c.session_events = SLOTS as u64;
+    c.session_events = slots as u64;
     c.session_bytes = 1 << 30; // the event count is the limit
                                // About 450 smallest segments: floods and hogs fill it.
     c.global_bytes = 256 * 1024;
@@ -147,9 +154,10 @@ fn config(boot: u64) -> Config {
 }
 
 impl World {
-    fn new() -> World {
+    fn new(slots: usize) -> World {
         World {
-            engine: Engine::new(config(1 << 40)).unwrap(),
+            engine: Engine::new(config(1 << 40, slots)).unwrap(),
+            slots,
             sessions: Vec::new(),
             origin: HashMap::new(),
         }
@@ -324,7 +332,10 @@ impl World {
             }
             Op::Restart => {
                 let boot = self.engine.boot_epoch() + (1 << 30);
-                let old = std::mem::replace(&mut self.engine, Engine::new(config(boot)).unwrap());
+                let old = std::mem::replace(
+                    &mut self.engine,
+                    Engine::new(config(boot, self.slots)).unwrap(),
+                );
                 for s in &mut self.sessions {
                     // The process died: its sessions are gone with it.
                     old.close(s.handle.id());
@@ -413,20 +424,21 @@ impl World {
             CursorPick::None => (None, Verdict::Fresh),
             CursorPick::Own(n) if !s.events.is_empty() => {
                 let c = s.events[n % s.events.len()].id;
-                // The newest SLOTS events are always retained; older ones
-                // may be (at most one segment more): then the engine's
+                // The newest `slots` events are always retained; older
+                // ones may be (at most one segment more): then the engine's
                 // oldest retained event decides, checked below.
-                let surely_held = c.seq + 1 + SLOTS as u64 > high_water;
+                let slots = self.slots as u64;
+                let surely_held = c.seq + 1 + slots > high_water;
                 let oldest = self.engine.facts(ResumeRequest {
                     session_id: Some(&s.handle.id().to_string()),
                     last_event_id: Some(&c.to_string()),
                     principal: None,
                 });
-                if s.live && high_water >= SLOTS as u64 {
+                if s.live && high_water >= slots {
                     prop_assert!(
-                        oldest.oldest_retained <= high_water + 1 - SLOTS as u64,
+                        oldest.oldest_retained <= high_water + 1 - slots,
                         "fewer than {} events retained: {:?}",
-                        SLOTS,
+                        slots,
                         oldest
                     );
                 }
@@ -543,7 +555,22 @@ proptest! {
 
     #[test]
     fn engine_matches_model(ops in proptest::collection::vec(op(), 1..60)) {
-        let mut world = World::new();
+        let mut world = World::new(SLOTS);
+        for op in &ops {
+            world.run(op)?;
+        }
+        world.finish()?;
+    }
+
+    /// The same scripts where sessions keep 16 events: the hog's 1,500-byte
+    /// events then make the engine grow its segments past
+    /// `max_segment_bytes` (2 KiB) to hold four of them, so retention,
+    /// eviction and every resume run over chains of grown segments too.
+    #[test]
+    fn engine_matches_model_with_segments_grown_for_large_events(
+        ops in proptest::collection::vec(op(), 1..60)
+    ) {
+        let mut world = World::new(GROWN_SLOTS);
         for op in &ops {
             world.run(op)?;
         }
@@ -556,7 +583,7 @@ proptest! {
 /// foreign byte.
 #[test]
 fn resumes_racing_two_appenders_never_cross_sessions() {
-    let engine = Engine::new(config(1 << 40)).unwrap();
+    let engine = Engine::new(config(1 << 40, SLOTS)).unwrap();
     let a = engine.open(None).unwrap();
     let b = engine.open(None).unwrap();
     a.append(0, b"a:start").unwrap();
