@@ -363,16 +363,16 @@ impl Window {
             }
             changed = true;
             // Past the last frame of a segment seen sealed: on to the
-            // successor kept when its count was learnt (the state is final
-            // once sealed). None was kept if that header was not this
-            // owner's: the segment's successor is lost to the reader.
+            // successor kept when its header was loaded (the state is final
+            // once sealed). None is kept when the count came from the state
+            // word alone: the state load below loads the header then, and
+            // finds the successor lost to the reader if that header is not
+            // this owner's or does not start where the count says.
             if pos.sealed_count != UNKNOWN && index == pos.sealed_count {
                 if let Some(next) = pos.successor() {
                     *pos = next;
                     continue;
                 }
-                // The count came from the state word; the successor is
-                // loaded below.
             }
             let state = State::decode(
                 pool.state(pos.seg.unit).load(Ordering::Acquire),
