@@ -213,13 +213,13 @@ impl SessionHandle {
             return refused(AppendError::BadStream);
         }
         let now = shared.now_ms();
-        // A durable pool proves each payload on recovery by its CRC (a mark
-        // alone cannot prove that the payload reached the device).
-        let check = if shared.durable.is_some() {
-            crc32fast::hash(payload)
-        } else {
-            0
-        };
+        // A durable pool proves each frame on recovery by a CRC of its
+        // stream id and payload (a mark alone cannot prove that the payload
+        // reached the device, nor that the stream id is the one written).
+        let check = shared
+            .durable
+            .as_ref()
+            .map_or(0, |d| d.frame_check.of(stream, payload));
         let mut reclaimed = 0;
         let seq = loop {
             match window_append(shared, now, check) {

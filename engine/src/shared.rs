@@ -17,7 +17,7 @@ use crate::id::{SessionId, TagKey};
 use crate::metrics::{Counter, Metrics};
 use crate::policy::Policy;
 use crate::session::{EndReason, Registry, Session};
-use crate::storage::{Deferred, Pool, Retention, TRIM_PER_PASS};
+use crate::storage::{Deferred, FrameCheck, Pool, Retention, TRIM_PER_PASS};
 use crate::sync::Spin;
 
 /// Why a session could not be opened.
@@ -129,6 +129,8 @@ pub(crate) struct Durable {
     pub(crate) report: RecoveryReport,
     /// `msync` before every append returns.
     pub(crate) sync_each_append: bool,
+    /// What each frame's check covers, by the pool file's format.
+    pub(crate) frame_check: FrameCheck,
     /// Journal writes and syncs that failed.
     pub(crate) io_errors: AtomicU64,
     /// The blobs live sessions stored ([`SessionHandle::store_init`]), by
@@ -200,7 +202,8 @@ impl Shared {
                 epoch: j.epoch,
             })
             .collect();
-        let recovery = crate::storage::recover::recover(&pool, &owners);
+        let frame_check = FrameCheck::for_version(opened.dir.version);
+        let recovery = crate::storage::recover::recover(&pool, &owners, frame_check);
         let boot_epoch = opened.dir.boot_counter << crate::durable::EPOCH_SHIFT;
         let clock =
             Clock::starting_at(crate::durable::unix_ms().saturating_sub(opened.dir.clock_base_ms));
@@ -222,6 +225,7 @@ impl Shared {
             dir: opened.dir,
             report: RecoveryReport::default(),
             sync_each_append,
+            frame_check,
             io_errors: AtomicU64::new(0),
             inits: Mutex::new(HashMap::new()),
         };

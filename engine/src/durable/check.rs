@@ -191,7 +191,11 @@ pub fn check(dir: &Path) -> Result<CheckReport, DataDirError> {
         Backing::mapped(map, MARK_OFFSET, shape.total_words() + 1),
         shape,
     );
-    let recovery = recover::recover(&pool, &owners);
+    let recovery = recover::recover(
+        &pool,
+        &owners,
+        crate::storage::FrameCheck::for_version(header.version),
+    );
     let mut sessions = Vec::new();
     let mut unprovable = 0;
     for (j, w) in live.iter().zip(&recovery.windows) {

@@ -15,15 +15,18 @@ use crate::storage::PoolShape;
 
 /// The first eight bytes of every pool file.
 pub(crate) const MAGIC: [u8; 8] = *b"RWNDPOOL";
-/// The format this build writes (3: the header page ends with the pool's
+/// The format this build writes (4: a frame's check covers its stream id
+/// as well as its payload; 3: the header page ends with the pool's
 /// allocation mark; 2: segment headers carry a check bound to their
-/// allocation).
-pub(crate) const VERSION: u32 = 3;
+/// allocation). A file keeps the format it was made with; its frames are
+/// checked as that format says (`FrameCheck::for_version`).
+pub(crate) const VERSION: u32 = 4;
 /// The oldest format this build reads: a version-2 file has no allocation
 /// mark (its word is 0, "unknown"), so its recovery reads every unit, and
 /// it stays version 2, so the builds that made it can still open it. A
 /// version-3 file is refused by those builds: they would allocate below
-/// the mark without lowering it.
+/// the mark without lowering it. A version-4 file is refused by builds of
+/// format 3: they would find every frame's check wrong.
 pub(crate) const OLDEST_READABLE: u32 = 2;
 /// Bytes before the pool's words: one page.
 pub(crate) const HEADER_BYTES: usize = 4096;

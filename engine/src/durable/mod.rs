@@ -124,6 +124,8 @@ pub(crate) struct DataDir {
     _lock: File,
     pub(crate) journal: Journal,
     pub(crate) boot_counter: u64,
+    /// The pool file's format, which it keeps.
+    pub(crate) version: u32,
     /// Unix milliseconds the engine clock counts from.
     pub(crate) clock_base_ms: u64,
 }
@@ -220,6 +222,7 @@ pub(crate) fn open(dir: &Path, shape: PoolShape, sync_each: bool) -> Result<Open
             _lock: lock,
             journal,
             boot_counter: current.boot_counter,
+            version: current.version,
             clock_base_ms: current.clock_base_ms,
         },
         map,

@@ -312,6 +312,44 @@ pub(crate) fn is_gap_marker(meta_word: u64, ms: u64) -> bool {
     (meta_word >> 32) as u32 == RESERVED_STREAM && ms == GAP_MS
 }
 
+/// What a durable pool's frame check (the low half of its meta word)
+/// covers, by the pool file's format: from format 4 the frame's stream id
+/// and its payload, so a damaged stream id cannot move an event to another
+/// stream; in files of formats 2 and 3 (which keep their format) the
+/// payload alone.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum FrameCheck {
+    /// The CRC-32 of the payload (formats 2 and 3).
+    Payload,
+    /// The CRC-32 of the stream id (four bytes, little-endian) and then
+    /// the payload (format 4 on).
+    StreamAndPayload,
+}
+
+impl FrameCheck {
+    /// The check a file of format `version` gives its frames.
+    pub(crate) fn for_version(version: u32) -> FrameCheck {
+        if version >= 4 {
+            FrameCheck::StreamAndPayload
+        } else {
+            FrameCheck::Payload
+        }
+    }
+
+    /// The check of a frame of `stream` holding `payload`.
+    pub(crate) fn of(self, stream: u32, payload: &[u8]) -> u32 {
+        match self {
+            FrameCheck::Payload => crc32fast::hash(payload),
+            FrameCheck::StreamAndPayload => {
+                let mut h = crc32fast::Hasher::new();
+                h.update(&stream.to_le_bytes());
+                h.update(payload);
+                h.finalize()
+            }
+        }
+    }
+}
+
 /// `stream << 32 | check`.
 pub(crate) fn meta(stream: u32, check: u32) -> u64 {
     u64::from(stream) << 32 | u64::from(check)

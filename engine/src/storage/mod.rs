@@ -277,6 +277,7 @@ mod recover_tests;
 #[cfg(all(test, not(loom)))]
 mod tests;
 
+pub(crate) use layout::FrameCheck;
 pub(crate) use pool::{Pool, PoolShape, TRIM_PER_PASS};
 pub(crate) use window::{
     AppendFailure, Cursor, Deferred, Owner, Read, Retention, SingleWriter, Window, ROOMY_FRAMES,

@@ -6,14 +6,24 @@
 //!
 //! A frame is kept when its table entry and its completion mark carry its
 //! segment's stamp (written before and as the frame's last store, so a
-//! frame whose writer died mid-copy has no mark), its length fits the
-//! segment, and the CRC-32 of its payload matches the `check` half of its
-//! meta word (a mark written before the payload reached the device after a
-//! power loss, or a flipped bit, fails it).
+//! frame whose writer died mid-copy has no mark), it starts where the
+//! claims put it (right after the frame before, when that one is proven),
+//! no other table entry names the same place, its length fits the
+//! segment, and its check — the CRC-32 of its stream id and payload
+//! (`FrameCheck`; of its payload alone in files of formats 2 and 3) —
+//! matches the `check` half of its meta word (a mark written before the
+//! payload reached the device after a power loss, or a flipped bit, fails
+//! it).
 //!
-//! A frame without a mark is *unfinished*: its `append` never returned, so
-//! nobody was told it exists. A frame with a mark that fails its check is
-//! *damaged*: it may have been acknowledged and delivered.
+//! A frame whose mark word is zero is *unfinished*: its `append` never
+//! returned, so nobody was told it exists. Segments are zeroed when
+//! allocated, so anything else that fails — a table entry or a mark of
+//! another allocation, a frame where the claims do not put it, a failed
+//! check — is *damaged*: it may have been acknowledged and delivered. A
+//! frame with no table entry that stands whole where the claims put it
+//! lost only its entry (written first, so present whenever the mark is,
+//! short of damage); the entry is written again and the frame kept. More
+//! claims than a segment could hold are a damaged count.
 //!
 //! # What proves a chain
 //!
@@ -24,6 +34,11 @@
 //! the race to seal) is not on the chain. Of the chains found whose last
 //! segment is open (or closed while open), the one that reaches the highest
 //! sequence number is the window.
+//! A sealed segment keeps its frame count in its state word for readers,
+//! who trust it to know where the segment ends; recovery writes each kept
+//! sealed segment's word again with the count the chain proves (its
+//! successor's first number less its own), so a damaged count cannot hold
+//! readers at the segment's end.
 //!
 //! Then, walking the chain from its oldest segment:
 //!
@@ -74,8 +89,9 @@
 use std::collections::HashMap;
 
 use super::layout::{
-    frame_words, mark, mark_len, meta, table_entry, table_offset, SegRef, SegmentHeader, State,
-    FRAME_HEADER_WORDS, GAP_MS, HEADER_WORDS, MAX_COUNT, RESERVED_STREAM, WORD_BYTES,
+    frame_words, mark, mark_len, meta, table_entry, table_offset, FrameCheck, SegRef,
+    SegmentHeader, State, FRAME_HEADER_WORDS, GAP_MS, HEADER_WORDS, MAX_COUNT, RESERVED_STREAM,
+    WORD_BYTES,
 };
 use super::pool::Pool;
 use super::window::{Owner, Window};
@@ -158,7 +174,7 @@ fn header_at(pool: &Pool, unit: u32) -> SegmentHeader {
 /// Rebuilds the windows of `owners` in `pool` (whose free lists must be
 /// empty: recovery fills them) and frees everything else. Runs before the
 /// pool is shared: no other thread touches it.
-pub(crate) fn recover(pool: &Pool, owners: &[Owner]) -> Recovery {
+pub(crate) fn recover(pool: &Pool, owners: &[Owner], check: FrameCheck) -> Recovery {
     let units = pool.shape().units;
     let index: HashMap<(u64, u64), usize> = owners
         .iter()
@@ -205,7 +221,9 @@ pub(crate) fn recover(pool: &Pool, owners: &[Owner]) -> Recovery {
             // an empty window would hand their numbers out again.
             (!unverified_claims.contains(&i)).then(Window::new)
         } else {
-            restore(pool, owners[i], candidates, &mut used, &mut out, &mut kept)
+            restore(
+                pool, owners[i], candidates, check, &mut used, &mut out, &mut kept,
+            )
         };
         out.windows.push(window);
     }
@@ -219,6 +237,7 @@ fn restore(
     pool: &Pool,
     owner: Owner,
     candidates: &[Candidate],
+    check: FrameCheck,
     used: &mut [bool],
     out: &mut Recovery,
     kept_segments: &mut u64,
@@ -302,7 +321,7 @@ fn restore(
             prefixes.push(None);
             continue;
         };
-        let p = prove(pool, c, count, i < head_i);
+        let p = prove(pool, c, count, i < head_i, check);
         out.damaged_frames += u64::from(p.gaps);
         if p.damaged {
             out.damaged_frames += u64::from(count - p.valid);
@@ -333,10 +352,23 @@ fn restore(
         let span = c.seg.unit as usize..c.seg.unit as usize + (1usize << c.class);
         used[span].iter_mut().for_each(|u| *u = true);
         held += 1 << c.class;
-        if let Some((_, p)) = prefixes[start + i] {
+        if let Some((count, p)) = prefixes[start + i] {
             if !(p.damaged && start + i == head_i) {
                 out.events += u64::from(p.events);
                 out.bytes += p.bytes;
+            }
+            // A sealed segment's word keeps its count for readers, who
+            // trust it to know where the segment ends; the chain proved
+            // the count (its successor's first number), so the word is
+            // written again with it — a damaged count would hold every
+            // reader at the segment's end for good.
+            if start + i < head_i {
+                let next = State::Next {
+                    next: kept[i + 1].seg.unit,
+                    count: Some(count),
+                };
+                pool.state(c.seg.unit)
+                    .store(next.encode(c.seg.stamp), Ordering::Relaxed);
             }
         }
     }
@@ -369,43 +401,79 @@ fn claimed(pool: &Pool, c: &Candidate) -> Option<u32> {
 /// Unfinished frames after the last readable one of an open head are left
 /// for the caller to drop. Only when the holes' room cannot be laid out
 /// again (the claims do not fit the segment) is the result `damaged`.
-fn prove(pool: &Pool, c: &Candidate, count: u32, sealed: bool) -> Prefix {
+fn prove(pool: &Pool, c: &Candidate, count: u32, sealed: bool, check: FrameCheck) -> Prefix {
     let segment = pool.segment(c.seg.unit, c.class);
     let stamp = c.seg.stamp;
-    let table_low = segment.len().saturating_sub(count as usize);
+    // Each frame takes its header words and a table entry: more claims
+    // than that could fit are a damaged count, not frames.
+    if count as usize > (segment.len() - HEADER_WORDS) / (FRAME_HEADER_WORDS + 1) {
+        return Prefix {
+            valid: 0,
+            events: 0,
+            bytes: 0,
+            end: HEADER_WORDS,
+            gaps: 0,
+            damaged: true,
+        };
+    }
+    let table_low = segment.len() - count as usize;
+    // The offsets the table gives, and which of them more than one entry
+    // gives: a frame's words are its own, so an offset named twice (an
+    // entry copied over another) proves neither frame.
+    let offsets: Vec<Option<usize>> = (0..count as usize)
+        .map(|i| {
+            table_offset(
+                segment[segment.len() - 1 - i].load(Ordering::Relaxed),
+                stamp,
+            )
+            .map(|o| o as usize)
+        })
+        .collect();
+    let mut sorted: Vec<usize> = offsets.iter().flatten().copied().collect();
+    sorted.sort_unstable();
+    let named_twice = |off: usize| {
+        let at = sorted.partition_point(|&o| o < off);
+        sorted.get(at + 1) == Some(&off)
+    };
     let mut found = Vec::with_capacity(count as usize);
     let mut payload = Vec::new();
+    // End of the last proven frame: every later frame starts at or after it.
     let mut low = HEADER_WORDS;
-    for i in 0..count as usize {
+    // Where frame `i` starts when every frame before it was proven: claims
+    // are contiguous (frame `i` takes the room right after frame `i - 1`),
+    // so a table entry that says otherwise was damaged.
+    let mut expected = Some(HEADER_WORDS);
+    for (i, &entry_off) in offsets.iter().enumerate() {
         let slot = segment.len() - 1 - i;
-        let Some(off) = table_offset(segment[slot].load(Ordering::Relaxed), stamp) else {
-            found.push(Found::Unfinished);
-            continue;
+        let f = match entry_off {
+            Some(off) if expected.is_some_and(|e| e != off) || named_twice(off) => Found::Damaged,
+            Some(off) => frame_at(segment, stamp, check, off, low, table_low, &mut payload),
+            None => {
+                let entry = segment[slot].load(Ordering::Relaxed);
+                match expected {
+                    // Not this allocation's entry, in a segment zeroed when
+                    // it was allocated: damage, not an unwritten entry.
+                    _ if entry != 0 => Found::Damaged,
+                    // No entry: the writer died between its claim and its
+                    // first store — unless the frame stands whole where
+                    // the claims put it, its mark written (after its entry):
+                    // then only the entry was lost, and is written again.
+                    Some(off) => {
+                        let f = frame_at(segment, stamp, check, off, low, table_low, &mut payload);
+                        if matches!(f, Found::Proven { .. }) {
+                            segment[slot].store(table_entry(stamp, off as u32), Ordering::Relaxed);
+                        }
+                        f
+                    }
+                    None => Found::Unfinished,
+                }
+            }
         };
-        let off = off as usize;
-        let Some(len) = segment
-            .get(off)
-            .and_then(|w| mark_len(w.load(Ordering::Relaxed), stamp))
-        else {
-            found.push(Found::Unfinished);
-            continue;
+        (expected, low) = match f {
+            Found::Proven { end, .. } => (Some(end), end),
+            _ => (None, low),
         };
-        let end = off + frame_words(len as usize);
-        if off < low || end > table_low {
-            found.push(Found::Damaged);
-            continue;
-        }
-        payload.clear();
-        for w in &segment[off + FRAME_HEADER_WORDS..end] {
-            payload.extend_from_slice(&w.load(Ordering::Relaxed).to_le_bytes());
-        }
-        let check = segment[off + 1].load(Ordering::Relaxed) as u32;
-        if crc32fast::hash(&payload[..len as usize]) != check {
-            found.push(Found::Damaged);
-            continue;
-        }
-        found.push(Found::Proven { off, end, len });
-        low = end;
+        found.push(f);
     }
     let last_readable = found
         .iter()
@@ -460,7 +528,7 @@ fn prove(pool: &Pool, c: &Candidate, count: u32, sealed: bool) -> Prefix {
             } else {
                 c.header.opened_ms
             };
-            placeholder(segment, stamp, k, at, words, ms);
+            placeholder(segment, stamp, check, k, at, words, ms);
             at += words;
         }
         p.end = at;
@@ -470,18 +538,67 @@ fn prove(pool: &Pool, c: &Candidate, count: u32, sealed: bool) -> Prefix {
     p
 }
 
+/// Classifies the frame whose table entry says it starts at word `off`,
+/// where no frame may start before `low` (the end of the last proven one)
+/// and none may reach into the table (from `table_low`).
+///
+/// Segments are zeroed when allocated and a mark is a frame's last store,
+/// so a mark word still zero is a write that never finished; any other
+/// word that is not a mark of this allocation is damage.
+fn frame_at(
+    segment: &[AtomicU64],
+    stamp: u32,
+    check: FrameCheck,
+    off: usize,
+    low: usize,
+    table_low: usize,
+    payload: &mut Vec<u8>,
+) -> Found {
+    if off < low || off + FRAME_HEADER_WORDS > table_low {
+        return Found::Damaged;
+    }
+    let word = segment[off].load(Ordering::Relaxed);
+    if word == 0 {
+        return Found::Unfinished;
+    }
+    let Some(len) = mark_len(word, stamp) else {
+        return Found::Damaged;
+    };
+    let end = off + frame_words(len as usize);
+    if end > table_low {
+        return Found::Damaged;
+    }
+    payload.clear();
+    for w in &segment[off + FRAME_HEADER_WORDS..end] {
+        payload.extend_from_slice(&w.load(Ordering::Relaxed).to_le_bytes());
+    }
+    let meta_word = segment[off + 1].load(Ordering::Relaxed);
+    if check.of((meta_word >> 32) as u32, &payload[..len as usize]) != meta_word as u32 {
+        return Found::Damaged;
+    }
+    Found::Proven { off, end, len }
+}
+
 /// Writes a frame on the reserved stream with a zero payload, `index` of
 /// `words` words at word `at`: a placeholder, or with `ms` =
 /// [`GAP_MS`] a gap marker. Its check is the CRC of its zero payload, so a
 /// later recovery proves it like any frame.
-fn placeholder(segment: &[AtomicU64], stamp: u32, index: usize, at: usize, words: usize, ms: u64) {
+fn placeholder(
+    segment: &[AtomicU64],
+    stamp: u32,
+    check: FrameCheck,
+    index: usize,
+    at: usize,
+    words: usize,
+    ms: u64,
+) {
     let len = (words - FRAME_HEADER_WORDS) * WORD_BYTES;
     for w in &segment[at + FRAME_HEADER_WORDS..at + words] {
         w.store(0, Ordering::Relaxed);
     }
     let zeros = vec![0u8; len];
     segment[at + 1].store(
-        meta(RESERVED_STREAM, crc32fast::hash(&zeros)),
+        meta(RESERVED_STREAM, check.of(RESERVED_STREAM, &zeros)),
         Ordering::Relaxed,
     );
     segment[at + 2].store(ms, Ordering::Relaxed);

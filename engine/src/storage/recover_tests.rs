@@ -5,9 +5,11 @@
 use super::backing::Backing;
 use super::layout::{table_offset, SegRef, SegmentHeader, State, HEADER_WORDS};
 use super::*;
-use crate::sync::Ordering;
+use crate::sync::{AtomicU64, Ordering};
 
 const A: Owner = Owner { tag: 0xa, epoch: 1 };
+/// The check the files this build makes give their frames.
+const CHECK: FrameCheck = FrameCheck::StreamAndPayload;
 
 fn shape() -> PoolShape {
     PoolShape {
@@ -55,7 +57,7 @@ fn p_words(p: &Pool) -> Vec<u64> {
 /// A pool crc-checked like a durable one: every payload's check is its
 /// CRC-32.
 fn append(w: &Window, p: &Pool, stream: u32, payload: &[u8]) -> u64 {
-    w.append(p, A, &keep(), stream, 0, payload, crc32fast::hash(payload))
+    w.append(p, A, &keep(), stream, 0, payload, CHECK.of(stream, payload))
         .unwrap()
 }
 
@@ -122,7 +124,7 @@ fn a_spare_that_names_the_head_as_predecessor_never_wins_over_the_chain() {
         State::Open { count: 0, used: 0 }.encode(spare.stamp),
         Ordering::Relaxed,
     );
-    let r = recover::recover(&after, &[A]);
+    let r = recover::recover(&after, &[A], CHECK);
     let w = r.windows[0].as_ref().expect("proven");
     assert_eq!(w.high_water(&after), high);
     assert_eq!(read_all(w, &after, 1), vec![(1, vec![7; 20])]);
@@ -154,7 +156,7 @@ fn an_unfinished_frame_between_finished_ones_becomes_a_skipped_placeholder() {
     let entry = seg[seg.len() - 2].load(Ordering::Relaxed);
     let offset = table_offset(entry, stamp).unwrap() as usize;
     seg[offset].store(0, Ordering::Relaxed);
-    let r = recover::recover(&after, &[A]);
+    let r = recover::recover(&after, &[A], CHECK);
     assert_eq!(r.damaged_frames, 0, "an unfinished frame is not damage");
     let w = r.windows[0].as_ref().expect("proven");
     let seqs: Vec<u64> = read_all(w, &after, 1).iter().map(|(s, _)| *s).collect();
@@ -226,7 +228,7 @@ fn a_unit_allocated_but_not_yet_written_is_no_candidate_whatever_its_old_words_c
     after
         .stamp(free.unit)
         .store(u64::from(old + 2), Ordering::Relaxed);
-    let r = recover::recover(&after, &[A]);
+    let r = recover::recover(&after, &[A], CHECK);
     assert_eq!(r.unverified_headers, 1);
     let w = r.windows[0].as_ref().expect("the session's own chain");
     assert_eq!(w.high_water(&after), high);
@@ -269,7 +271,7 @@ fn a_chain_ending_in_an_unwritten_state_never_wins_over_one_that_can_be_restored
         State::Open { count: 0, used: 0 }.encode(spare.stamp + 2),
         Ordering::Relaxed,
     );
-    let r = recover::recover(&after, &[A]);
+    let r = recover::recover(&after, &[A], CHECK);
     let w = r.windows[0].as_ref().expect("the restorable chain");
     assert_eq!(w.high_water(&after), high);
     assert_eq!(read_all(w, &after, 1).len() as u64, high);
@@ -288,7 +290,7 @@ fn a_flipped_bit_in_a_sealed_segments_header_drops_it_and_older_and_renumbers_no
     // Segments of 1, 3, 8, ... frames: the second starts at 2.
     let second = segment_starting_at(&after, 2);
     after.segment(second, 0)[3].fetch_xor(1 << 3, Ordering::Relaxed);
-    let r = recover::recover(&after, &[A]);
+    let r = recover::recover(&after, &[A], CHECK);
     assert_eq!(r.unverified_headers, 1);
     let w = r.windows[0].as_ref().expect("the newer segments");
     assert_eq!(w.high_water(&after), 20, "numbers are not reused");
@@ -318,7 +320,7 @@ fn a_flipped_bit_in_the_heads_header_leaves_the_session_unrestored() {
     let head = SegRef::unpack(w.head_word()).unwrap();
     let after = restart(&p);
     after.segment(head.unit, 0)[3].fetch_xor(1 << 2, Ordering::Relaxed);
-    let r = recover::recover(&after, &[A]);
+    let r = recover::recover(&after, &[A], CHECK);
     assert_eq!(r.unverified_headers, 1);
     assert!(
         r.windows[0].is_none(),
@@ -336,4 +338,196 @@ fn read_all_after_gap(w: &Window, p: &Pool) -> Vec<(u64, Vec<u8>)> {
         out.push((m.seq, buf.clone()));
     }
     out
+}
+
+/// Every event of `stream` a reader from the start gets, and the numbers
+/// of the gaps it is told about (each moved past).
+fn read_told(w: &Window, p: &Pool, stream: u32) -> (Vec<(u64, Vec<u8>)>, Vec<u64>) {
+    let mut c = w.cursor_after(0);
+    let (mut events, mut gaps) = (Vec::new(), Vec::new());
+    let mut buf = Vec::new();
+    for _ in 0..1000 {
+        match w.read(p, A, &mut c, Some(stream), &mut buf) {
+            Read::Event(m) => events.push((m.seq, buf.clone())),
+            Read::Pending | Read::Ended => return (events, gaps),
+            Read::Lagged { missing } => {
+                // As `Replay::skip_gap`: on from the oldest event held.
+                gaps.push(missing);
+                let oldest = w.oldest_retained(p).max(c.seq);
+                c = w.cursor_after(oldest - 1);
+            }
+        }
+    }
+    panic!("a read that never ends");
+}
+
+/// Sixteen events of 20 bytes, event `n` filled with byte `n`, streams 1
+/// and 2 in turn (odd events on 1): segments of 1, 3, 8 and 4 frames
+/// (events 2 to 4 in the second, sealed; 13 to 16 in the head).
+fn sixteen() -> Pool {
+    let p = Pool::new(shape())
+        .expect("a test pool fits in memory")
+        .with_header_checks();
+    let w = Window::new();
+    for i in 1..=16u8 {
+        append(&w, &p, 2 - u32::from(i % 2), &[i; 20]);
+    }
+    p
+}
+
+/// Event 3's table entry and frame offset, in a restarted copy.
+fn event_3(after: &Pool) -> (&[AtomicU64], usize, usize) {
+    let second = segment_starting_at(after, 2);
+    let seg = after.segment(second, 1);
+    let slot = seg.len() - 2;
+    let stamp = after.stamp_now(second, Ordering::Relaxed);
+    let offset = table_offset(seg[slot].load(Ordering::Relaxed), stamp).unwrap() as usize;
+    (seg, slot, offset)
+}
+
+#[test]
+fn damage_that_a_missing_mark_could_hide_is_told_and_a_lost_table_entry_is_rebuilt() {
+    let p = sixteen();
+    let odd = |gaps_at_3: bool| {
+        (
+            (1..=16u64)
+                .filter(|s| s % 2 == 1 && !(gaps_at_3 && *s == 3))
+                .collect::<Vec<_>>(),
+            if gaps_at_3 { vec![3] } else { vec![] },
+        )
+    };
+    let check = |after: &Pool, want: (Vec<u64>, Vec<u64>), damaged: u64, what: &str| {
+        let r = recover::recover(after, &[A], CHECK);
+        assert_eq!(r.damaged_frames, damaged, "{what}");
+        let w = r.windows[0].as_ref().expect("proven");
+        let (events, gaps) = read_told(w, after, 1);
+        for (seq, bytes) in &events {
+            assert_eq!(bytes, &vec![*seq as u8; 20], "{what}: event {seq}");
+        }
+        let seqs: Vec<u64> = events.iter().map(|(s, _)| *s).collect();
+        assert_eq!((seqs, gaps), want, "{what}");
+    };
+
+    // The table entry names the wrong place (a flipped bit): the word
+    // found there is no mark of this segment, which once read as "never
+    // finished" and skipped event 3 without a word.
+    let after = restart(&p);
+    let (seg, slot, _) = event_3(&after);
+    seg[slot].fetch_xor(1, Ordering::Relaxed);
+    check(&after, odd(true), 1, "an entry pointing one word off");
+
+    // The mark holds another allocation's stamp: damage too.
+    let after = restart(&p);
+    let (seg, _, offset) = event_3(&after);
+    seg[offset].fetch_xor(1 << 40, Ordering::Relaxed);
+    check(&after, odd(true), 1, "a mark of another allocation");
+
+    // The stream id flipped (1 to 3): the check covers it, so event 3
+    // neither moves to stream 3 nor vanishes from stream 1.
+    let after = restart(&p);
+    let (seg, _, offset) = event_3(&after);
+    seg[offset + 1].fetch_xor(2 << 32, Ordering::Relaxed);
+    check(&after, odd(true), 1, "a flipped stream id");
+
+    // The table entry is gone but the frame stands whole where the
+    // claims put it: kept, and its entry written again.
+    let after = restart(&p);
+    let (seg, slot, offset) = event_3(&after);
+    let entry = seg[slot].swap(0, Ordering::Relaxed);
+    check(&after, odd(false), 0, "a lost entry");
+    assert_eq!(seg[slot].load(Ordering::Relaxed), entry);
+    assert_eq!(
+        table_offset(entry, (entry >> 32) as u32),
+        Some(offset as u32)
+    );
+
+    // An entry copied over another's: both name one place, and neither
+    // frame is trusted.
+    let after = restart(&p);
+    let (seg, slot, _) = event_3(&after);
+    let entry_4 = seg[slot - 1].load(Ordering::Relaxed);
+    seg[slot].store(entry_4, Ordering::Relaxed);
+    let r = recover::recover(&after, &[A], CHECK);
+    let w = r.windows[0].as_ref().expect("proven");
+    let (events, gaps) = read_told(w, &after, 1);
+    assert!(gaps.contains(&3), "{gaps:?}");
+    assert!(events.iter().all(|(s, b)| b == &vec![*s as u8; 20]));
+    assert_eq!(
+        read_told(w, &after, 2).1,
+        vec![3, 4],
+        "stream 2 is told of both"
+    );
+}
+
+#[test]
+fn a_state_word_claiming_more_frames_than_fit_is_damage_not_a_panic() {
+    let p = sixteen();
+    let after = restart(&p);
+    let head = segment_starting_at(&after, 13);
+    let stamp = after.stamp_now(head, Ordering::Relaxed);
+    let used = match State::decode(after.state(head).load(Ordering::Relaxed), stamp) {
+        Some(State::Open { used, .. }) => used,
+        other => panic!("the head is open: {other:?}"),
+    };
+    after.state(head).store(
+        State::Open {
+            count: super::layout::MAX_COUNT,
+            used,
+        }
+        .encode(stamp),
+        Ordering::Relaxed,
+    );
+    let r = recover::recover(&after, &[A], CHECK);
+    // A head whose claims cannot be laid out is emptied and restarts,
+    // alone, after the last number it claimed: nothing is delivered that
+    // was not proven, and no number is handed out twice.
+    let w = r.windows[0].as_ref().expect("restored, emptied");
+    let (events, _) = read_told(w, &after, 1);
+    assert_eq!(events, vec![], "nothing unproven is delivered");
+    assert!(
+        w.high_water(&after) >= 16,
+        "numbers 1 to 16 are never reused"
+    );
+    assert!(append(w, &after, 1, b"next") > 16);
+}
+
+#[test]
+fn a_sealed_segments_damaged_kept_count_is_written_again_from_the_chain() {
+    let p = sixteen();
+    let after = restart(&p);
+    let second = segment_starting_at(&after, 2);
+    let stamp = after.stamp_now(second, Ordering::Relaxed);
+    let state = after.state(second);
+    let Some(State::Next { next, count }) = State::decode(state.load(Ordering::Relaxed), stamp)
+    else {
+        panic!("the second segment is sealed");
+    };
+    assert_eq!(count, Some(3), "the seal kept its count");
+    // A flipped bit says 5: a reader would look for events 5 and 6 in it,
+    // and stop at its end for good.
+    state.store(
+        State::Next {
+            next,
+            count: Some(5),
+        }
+        .encode(stamp),
+        Ordering::Relaxed,
+    );
+    let r = recover::recover(&after, &[A], CHECK);
+    assert_eq!(r.damaged_frames, 0);
+    assert_eq!(
+        State::decode(state.load(Ordering::Relaxed), stamp),
+        Some(State::Next {
+            next,
+            count: Some(3)
+        }),
+        "the count the chain proves"
+    );
+    let w = r.windows[0].as_ref().expect("proven");
+    for stream in [1, 2] {
+        let (events, gaps) = read_told(w, &after, stream);
+        let seqs: Vec<u64> = events.iter().map(|(s, _)| *s).collect();
+        let want: Vec<u64> = (1..=16).filter(|s| (s % 2 == 1) == (stream == 1)).collect();
+        assert_eq!((seqs, gaps), (want, vec![]), "stream {stream}");
+    }
 }
