@@ -213,8 +213,8 @@ impl SessionHandle {
             return refused(AppendError::BadStream);
         }
         let now = shared.now_ms();
-        // A durable pool proves each frame on recovery by a CRC of its
-        // stream id and payload (a mark alone cannot prove that the payload
+        // A durable pool proves each frame on recovery by its payload's CRC
+        // bound to its stream id (a mark alone cannot prove that the payload
         // reached the device, nor that the stream id is the one written).
         let check = shared
             .durable

@@ -9,8 +9,8 @@
 //! frame whose writer died mid-copy has no mark), it starts where the
 //! claims put it (right after the frame before, when that one is proven),
 //! no other table entry names the same place, its length fits the
-//! segment, and its check — the CRC-32 of its stream id and payload
-//! (`FrameCheck`; of its payload alone in files of formats 2 and 3) —
+//! segment, and its check — the CRC-32 of its payload bound to its stream
+//! id (`FrameCheck`; of its payload alone in files of formats 2 and 3) —
 //! matches the `check` half of its meta word (a mark written before the
 //! payload reached the device after a power loss, or a flipped bit, fails
 //! it).
