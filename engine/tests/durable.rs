@@ -137,11 +137,7 @@ fn truncated_foreign_and_other_version_files_are_refused() {
     // newer one and one older than anything this build reads are refused.
     let with_version = |v: u32| {
         let mut file = good.clone();
-        for at in [0, 2048] {
-            file[at + 8..at + 12].copy_from_slice(&v.to_le_bytes());
-            let crc = crc32fast::hash(&file[at..at + 64]);
-            file[at + 64..at + 72].copy_from_slice(&u64::from(crc).to_le_bytes());
-        }
+        stamp_version(&mut file, v);
         file
     };
     for v in [1, 5] {
@@ -186,16 +182,21 @@ fn truncated_foreign_and_other_version_files_are_refused() {
     Engine::new(config(dir.path())).expect("one intact header copy is enough");
 }
 
-/// Sets the format version in both header copies of `dir`'s pool file,
-/// with checksums that match it.
-fn set_version(dir: &Path, v: u32) {
-    let pool = dir.join("pool");
-    let mut file = std::fs::read(&pool).unwrap();
+/// Writes format version `v` into both header copies of a pool file's
+/// bytes, with checksums that match it.
+fn stamp_version(file: &mut [u8], v: u32) {
     for at in [0, 2048] {
         file[at + 8..at + 12].copy_from_slice(&v.to_le_bytes());
         let crc = crc32fast::hash(&file[at..at + 64]);
         file[at + 64..at + 72].copy_from_slice(&u64::from(crc).to_le_bytes());
     }
+}
+
+/// [`stamp_version`] on `dir`'s pool file.
+fn set_version(dir: &Path, v: u32) {
+    let pool = dir.join("pool");
+    let mut file = std::fs::read(&pool).unwrap();
+    stamp_version(&mut file, v);
     std::fs::write(&pool, &file).unwrap();
 }
 

@@ -420,14 +420,12 @@ fn prove(pool: &Pool, c: &Candidate, count: u32, sealed: bool, check: FrameCheck
     // The offsets the table gives, and which of them more than one entry
     // gives: a frame's words are its own, so an offset named twice (an
     // entry copied over another) proves neither frame.
-    let offsets: Vec<Option<usize>> = (0..count as usize)
-        .map(|i| {
-            table_offset(
-                segment[segment.len() - 1 - i].load(Ordering::Relaxed),
-                stamp,
-            )
-            .map(|o| o as usize)
-        })
+    let entries: Vec<u64> = (0..count as usize)
+        .map(|i| segment[segment.len() - 1 - i].load(Ordering::Relaxed))
+        .collect();
+    let offsets: Vec<Option<usize>> = entries
+        .iter()
+        .map(|&e| table_offset(e, stamp).map(|o| o as usize))
         .collect();
     let mut sorted: Vec<usize> = offsets.iter().flatten().copied().collect();
     sorted.sort_unstable();
@@ -449,11 +447,10 @@ fn prove(pool: &Pool, c: &Candidate, count: u32, sealed: bool, check: FrameCheck
             Some(off) if expected.is_some_and(|e| e != off) || named_twice(off) => Found::Damaged,
             Some(off) => frame_at(segment, stamp, check, off, low, table_low, &mut payload),
             None => {
-                let entry = segment[slot].load(Ordering::Relaxed);
                 match expected {
                     // Not this allocation's entry, in a segment zeroed when
                     // it was allocated: damage, not an unwritten entry.
-                    _ if entry != 0 => Found::Damaged,
+                    _ if entries[i] != 0 => Found::Damaged,
                     // No entry: the writer died between its claim and its
                     // first store — unless the frame stands whole where
                     // the claims put it, its mark written (after its entry):

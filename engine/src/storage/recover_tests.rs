@@ -62,16 +62,9 @@ fn append(w: &Window, p: &Pool, stream: u32, payload: &[u8]) -> u64 {
 }
 
 fn read_all(w: &Window, p: &Pool, stream: u32) -> Vec<(u64, Vec<u8>)> {
-    let mut c = w.cursor_after(0);
-    let mut out = Vec::new();
-    let mut buf = Vec::new();
-    loop {
-        match w.read(p, A, &mut c, Some(stream), &mut buf) {
-            Read::Event(m) => out.push((m.seq, buf.clone())),
-            Read::Pending | Read::Ended => return out,
-            Read::Lagged { missing } => panic!("lagged at {missing}"),
-        }
-    }
+    let (events, gaps) = read_told(w, p, stream);
+    assert!(gaps.is_empty(), "lagged at {gaps:?}");
+    events
 }
 
 #[test]
