@@ -203,7 +203,8 @@ impl Shared {
             })
             .collect();
         let frame_check = FrameCheck::for_version(opened.dir.version);
-        let recovery = crate::storage::recover::recover(&pool, &owners, frame_check);
+        let recovery =
+            crate::storage::recover::recover(&pool, &owners, frame_check, opened.machine_restarted);
         let boot_epoch = opened.dir.boot_counter << crate::durable::EPOCH_SHIFT;
         let clock =
             Clock::starting_at(crate::durable::unix_ms().saturating_sub(opened.dir.clock_base_ms));
@@ -217,6 +218,8 @@ impl Shared {
             dropped_segments: recovery.dropped_segments,
             unverified_headers: recovery.unverified_headers,
             torn_records: opened.torn_records,
+            machine_restarted: opened.machine_restarted,
+            unconfirmed_frames: recovery.unconfirmed_frames,
             scanned_units: recovery.scanned_units,
             ..RecoveryReport::default()
         };

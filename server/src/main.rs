@@ -161,6 +161,8 @@ fn serve(args: &ServeArgs, matches: &ArgMatches) -> Result<(), BoxError> {
             ms = report.ms,
             damaged_frames = report.damaged_frames,
             torn_records = report.torn_records,
+            machine_restarted = report.machine_restarted,
+            unconfirmed_frames = report.unconfirmed_frames,
             "data directory opened: {report}"
         );
     }

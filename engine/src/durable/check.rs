@@ -8,7 +8,7 @@ use std::fmt;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 
-use super::header::{HEADER_BYTES, MARK_OFFSET};
+use super::header::{self, HEADER_BYTES, MARK_OFFSET};
 use super::{journal, DataDirError, JOURNAL_FILE, POOL_FILE};
 use crate::storage::backing::Backing;
 use crate::storage::{recover, Owner, Pool, PoolShape};
@@ -47,6 +47,13 @@ pub struct CheckReport {
     pub unverified_headers: u64,
     /// Journal records skipped as torn or damaged.
     pub torn_records: usize,
+    /// Whether the machine may have restarted since the directory was last
+    /// open (its boot record names another kernel boot, or none): a
+    /// restart now would tell every unfinished frame as a gap.
+    pub machine_restarted: bool,
+    /// Unfinished frames a restart would tell as gaps (after a machine
+    /// restart; see [`RecoveryReport::unconfirmed_frames`](super::RecoveryReport::unconfirmed_frames)).
+    pub unconfirmed_frames: u64,
 }
 
 /// One session a restart would restore.
@@ -96,6 +103,13 @@ impl fmt::Display for CheckReport {
             self.events,
             self.bytes
         )?;
+        if self.machine_restarted {
+            writeln!(
+                f,
+                "  the machine restarted since the last open: {} unfinished frames would be told as gaps",
+                self.unconfirmed_frames
+            )?;
+        }
         writeln!(
             f,
             "  damage: {} frames, {} torn journal records, {} unprovable sessions; \
@@ -160,6 +174,10 @@ pub fn check(dir: &Path) -> Result<CheckReport, DataDirError> {
     let map = unsafe { memmap2::MmapOptions::new().map_copy(&file) }
         .map_err(|e| DataDirError::io(&path, "map", e))?;
     let (header, _) = super::read_header(&path, &map)?;
+    let restarted = header::machine_restarted(
+        header::read_boot(&map[..HEADER_BYTES]),
+        header::current_boot(),
+    );
     super::check_length(&path, &header, len)?;
     let shape = PoolShape {
         units: u32::try_from(header.units).unwrap_or(u32::MAX),
@@ -195,6 +213,7 @@ pub fn check(dir: &Path) -> Result<CheckReport, DataDirError> {
         &pool,
         &owners,
         crate::storage::FrameCheck::for_version(header.version),
+        restarted,
     );
     let mut sessions = Vec::new();
     let mut unprovable = 0;
@@ -225,5 +244,7 @@ pub fn check(dir: &Path) -> Result<CheckReport, DataDirError> {
         dropped_segments: recovery.dropped_segments,
         unverified_headers: recovery.unverified_headers,
         torn_records: scan.torn,
+        machine_restarted: restarted,
+        unconfirmed_frames: recovery.unconfirmed_frames,
     })
 }

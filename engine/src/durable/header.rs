@@ -8,6 +8,9 @@
 //! any epoch of the new boot is minted. A write torn by a crash leaves one
 //! copy failing its checksum and the other intact, so the counter never
 //! goes back and never repeats.
+//!
+//! Between the copies, the page also holds a *boot record*: which boot of
+//! the machine's kernel last opened the file (see [`read_boot`]).
 
 use bytemuck::{Pod, Zeroable};
 
@@ -35,6 +38,11 @@ pub(crate) const HEADER_BYTES: usize = 4096;
 pub(crate) const MARK_OFFSET: usize = HEADER_BYTES - 8;
 /// Where the second copy starts.
 const SECOND_COPY: usize = HEADER_BYTES / 2;
+/// Where the boot record sits: past the first copy, in bytes every format
+/// leaves zero (so older builds neither read nor disturb it).
+const BOOT_RECORD_OFFSET: usize = 1024;
+/// The boot record's first eight bytes.
+const BOOT_MAGIC: [u8; 8] = *b"RWNDBOOT";
 
 /// One copy of the header. All fields little-endian on disk (the engine
 /// only runs on little-endian targets where this matters: the words of the
@@ -134,6 +142,90 @@ impl FileHeader {
     }
 }
 
+/// Which boot of the machine's kernel last opened the file: its
+/// `boot_id`, written at every open. Not part of the checksummed header
+/// (its own check guards it), so files of every format carry it without
+/// a format change.
+///
+/// Recovery needs it to read a frame without its completion mark: after a
+/// crash of the *process* the kernel still held every word the process
+/// wrote (the page cache outlives it), so a missing mark is an `append`
+/// that never returned; after the *machine* restarted, a mark can also be
+/// missing because its page never reached the device, and the event may
+/// have been acknowledged and delivered.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Pod, Zeroable)]
+struct BootRecord {
+    magic: [u8; 8],
+    boot_id: [u8; 16],
+    /// CRC-32 of the bytes before this field, in the low half.
+    check: u64,
+}
+
+const BOOT_RECORD_SIZE: usize = std::mem::size_of::<BootRecord>();
+const _: () =
+    assert!(BOOT_RECORD_OFFSET >= SIZE && BOOT_RECORD_OFFSET + BOOT_RECORD_SIZE <= SECOND_COPY);
+
+impl BootRecord {
+    fn computed_check(&self) -> u64 {
+        u64::from(crc32fast::hash(
+            &bytemuck::bytes_of(self)[..BOOT_RECORD_SIZE - 8],
+        ))
+    }
+}
+
+/// The kernel boot the header page's boot record names, if it holds a
+/// valid one (none in a file no build with boot records has opened, or
+/// after a torn write).
+pub(crate) fn read_boot(page: &[u8]) -> Option<[u8; 16]> {
+    let at = BOOT_RECORD_OFFSET;
+    let r: BootRecord = bytemuck::pod_read_unaligned(&page[at..at + BOOT_RECORD_SIZE]);
+    (r.magic == BOOT_MAGIC && r.check == r.computed_check()).then_some(r.boot_id)
+}
+
+/// Writes a boot record naming `boot_id` into the header page.
+pub(crate) fn write_boot(page: &mut [u8], boot_id: [u8; 16]) {
+    let mut r = BootRecord {
+        magic: BOOT_MAGIC,
+        boot_id,
+        check: 0,
+    };
+    r.check = r.computed_check();
+    let at = BOOT_RECORD_OFFSET;
+    page[at..at + BOOT_RECORD_SIZE].copy_from_slice(bytemuck::bytes_of(&r));
+}
+
+/// This machine's current kernel boot: `/proc/sys/kernel/random/boot_id`
+/// (a random UUID the kernel draws at boot), or `None` where there is no
+/// such file.
+pub(crate) fn current_boot() -> Option<[u8; 16]> {
+    let text = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").ok()?;
+    parse_boot_id(&text)
+}
+
+/// The 16 bytes of a UUID written as 32 hex digits with or without dashes.
+fn parse_boot_id(text: &str) -> Option<[u8; 16]> {
+    let digits: Vec<u8> = text.trim().bytes().filter(|&b| b != b'-').collect();
+    if digits.len() != 32 {
+        return None;
+    }
+    let mut id = [0u8; 16];
+    for (byte, pair) in id.iter_mut().zip(digits.chunks(2)) {
+        *byte = u8::from_str_radix(std::str::from_utf8(pair).ok()?, 16).ok()?;
+    }
+    Some(id)
+}
+
+/// Whether the machine may have restarted since the file was last open:
+/// the boot record names another boot than this one, or either is
+/// unknown (a file last opened by a build without boot records, a torn
+/// record, a system without a boot id). Unknown counts as restarted: the
+/// cost of that answer is only that frames found unfinished are told as
+/// gaps instead of skipped in silence.
+pub(crate) fn machine_restarted(recorded: Option<[u8; 16]>, now: Option<[u8; 16]>) -> bool {
+    recorded.is_none() || now.is_none() || recorded != now
+}
+
 /// A pool shape in words, for messages.
 pub(crate) fn describe(units: u64, unit_words: u64, top_class: u64) -> String {
     format!(
@@ -192,5 +284,45 @@ mod tests {
         page[3] = b'X';
         assert!(matches!(FileHeader::read(&page, 0), Copy::Foreign(_)));
         assert!(newest(&page).is_err());
+    }
+
+    #[test]
+    fn the_boot_record_round_trips_beside_both_copies_and_a_torn_one_is_unknown() {
+        let mut page = vec![0u8; HEADER_BYTES];
+        let mut h = FileHeader::new(shape(), 7);
+        h.boot_counter = 2;
+        h.seal();
+        h.write(&mut page, 0);
+        h.write(&mut page, 1);
+        assert_eq!(read_boot(&page), None, "a page without a record");
+        let id = parse_boot_id("0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0\n").unwrap();
+        assert_eq!(id[0], 0x0f);
+        assert_eq!(id[15], 0xf0);
+        write_boot(&mut page, id);
+        assert_eq!(read_boot(&page), Some(id));
+        // The header copies are untouched by it.
+        assert_eq!(newest(&page).map(|(h, _)| h.boot_counter), Ok(2));
+        assert!(!machine_restarted(read_boot(&page), Some(id)));
+        let mut other = id;
+        other[3] ^= 1;
+        assert!(machine_restarted(read_boot(&page), Some(other)));
+        assert!(machine_restarted(read_boot(&page), None));
+        // A torn record (one byte of the id changed) is no record.
+        page[BOOT_RECORD_OFFSET + 9] ^= 0x10;
+        assert_eq!(read_boot(&page), None);
+        assert!(machine_restarted(read_boot(&page), Some(id)));
+        assert_eq!(parse_boot_id("not a uuid"), None);
+        assert_eq!(parse_boot_id("0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1fg"), None);
+    }
+
+    #[test]
+    #[cfg_attr(miri, ignore = "reads /proc, which miri's isolation forbids")]
+    fn this_machine_has_a_boot_id() {
+        // Linux, where the durable pool runs; elsewhere the answer is
+        // "unknown", which recovery treats as a restart.
+        if cfg!(target_os = "linux") {
+            assert!(current_boot().is_some());
+            assert_eq!(current_boot(), current_boot());
+        }
     }
 }

@@ -79,6 +79,18 @@ pub struct RecoveryReport {
     pub unverified_headers: u64,
     /// Journal records skipped as torn or damaged.
     pub torn_records: usize,
+    /// Whether the machine may have restarted since the directory was last
+    /// open (its boot record names another kernel boot, or none): writes
+    /// the kernel had not yet put on the device may be lost, so recovery
+    /// tells every frame it finds unfinished as a gap.
+    pub machine_restarted: bool,
+    /// Frames found without their completion mark after a machine restart:
+    /// an append that never returned, or an acknowledged event whose words
+    /// never reached the device — the two look the same, so each became a
+    /// gap marker (readers get a `gap` at its number, and the number is
+    /// not handed out again). After a crash of the process alone such
+    /// frames are known to be unacknowledged and are skipped instead.
+    pub unconfirmed_frames: u64,
     /// Pool units whose stamps recovery read: those at and above the
     /// pool's allocation mark, i.e. the most the pool ever held, not its
     /// configured size (every unit for a pool file made before the mark).
@@ -102,6 +114,13 @@ impl std::fmt::Display for RecoveryReport {
             self.bytes,
             self.ms
         )?;
+        if self.machine_restarted {
+            write!(
+                f,
+                "; the machine restarted since the last open: {} unfinished frames told as gaps",
+                self.unconfirmed_frames
+            )?;
+        }
         if self.damaged_frames + self.dropped_segments + self.torn_records as u64 > 0 {
             write!(
                 f,
@@ -140,6 +159,10 @@ pub(crate) struct Opened {
     pub(crate) live: BTreeMap<u128, Journaled>,
     pub(crate) torn_records: usize,
     pub(crate) created: bool,
+    /// Whether the machine may have restarted since the file was last
+    /// open (`header::machine_restarted`): then a frame without its mark
+    /// may be an acknowledged one whose page never reached the device.
+    pub(crate) machine_restarted: bool,
 }
 
 pub(crate) fn unix_ms() -> u64 {
@@ -205,6 +228,15 @@ pub(crate) fn open(dir: &Path, shape: PoolShape, sync_each: bool) -> Result<Open
     current.seal();
     // Into the other copy: a torn write leaves the one we read intact.
     current.write(&mut map[..HEADER_BYTES], 1 - which);
+    // Which kernel boot wrote last, then this one. No order to keep with
+    // the appends: after a machine crash the boot is a new one, whatever
+    // the file says.
+    let now = header::current_boot();
+    let machine_restarted =
+        !created && header::machine_restarted(header::read_boot(&map[..HEADER_BYTES]), now);
+    if let Some(now) = now {
+        header::write_boot(&mut map[..HEADER_BYTES], now);
+    }
     map.flush_range(0, HEADER_BYTES)
         .map_err(|e| DataDirError::io(&path, "write header", e))?;
 
@@ -229,6 +261,7 @@ pub(crate) fn open(dir: &Path, shape: PoolShape, sync_each: bool) -> Result<Open
         live,
         torn_records: scan.torn,
         created,
+        machine_restarted,
     })
 }
 

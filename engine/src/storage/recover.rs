@@ -16,7 +16,13 @@
 //! it).
 //!
 //! A frame whose mark word is zero is *unfinished*: its `append` never
-//! returned, so nobody was told it exists. Segments are zeroed when
+//! returned, so nobody was told it exists — as long as the kernel that
+//! held the process's writes is still the one running. After the machine
+//! itself restarted (`restarted`: the file's boot record names another
+//! kernel boot), a zero mark can also be a finished frame whose page never
+//! reached the device, acknowledged and maybe delivered: then every
+//! unfinished frame is *unconfirmed* and handled as damage is (below), a
+//! told gap, never a silent skip. Segments are zeroed when
 //! allocated, so anything else that fails — a table entry or a mark of
 //! another allocation, a frame where the claims do not put it, a failed
 //! check — is *damaged*: it may have been acknowledged and delivered. A
@@ -52,6 +58,10 @@
 //!   is rewound to the last readable frame and the words after it are
 //!   zeroed (so no stale mark or table entry of the same stamp survives to
 //!   be read), and their numbers are handed out again;
+//! - after a machine restart, an unfinished frame is unconfirmed, mid-chain
+//!   or at the head's end alike: it becomes a gap marker (next item), so a
+//!   client that was delivered it is told of the loss and its number is
+//!   not handed out again;
 //! - a damaged frame becomes a *gap marker*: a frame on the reserved stream
 //!   whose time word is `GAP_MS`. It is never delivered; every reader that
 //!   reaches it, on any stream, reports a gap at its number (`Lagged`) and
@@ -113,6 +123,9 @@ pub(crate) struct Recovery {
     /// Frames with a mark that failed their check, plus the frames after
     /// them in their segment.
     pub(crate) damaged_frames: u64,
+    /// Frames without a mark, after a machine restart: each became a gap
+    /// marker (see the module docs).
+    pub(crate) unconfirmed_frames: u64,
     /// Owned segments not kept (unreachable, or behind damage).
     pub(crate) dropped_segments: u64,
     /// Owned segments among them whose header did not verify: the process
@@ -143,6 +156,9 @@ struct Prefix {
     /// Damaged frames (a mark, but a failed check) turned into gap
     /// markers.
     gaps: u32,
+    /// Unconfirmed frames (no mark, after a machine restart) turned into
+    /// gap markers.
+    unconfirmed: u32,
     /// Whether the segment's frames could not be laid out again (a damaged
     /// frame whose room cannot be known): the caller drops the segment and
     /// everything older.
@@ -160,6 +176,10 @@ enum Found {
     Unfinished,
     /// A mark, but a length that does not fit or a failed check.
     Damaged,
+    /// Unfinished, after a machine restart: its `append` may have returned
+    /// (its words lost with the page that held them), so it is told as
+    /// damage is.
+    Unconfirmed,
 }
 
 fn header_at(pool: &Pool, unit: u32) -> SegmentHeader {
@@ -172,9 +192,16 @@ fn header_at(pool: &Pool, unit: u32) -> SegmentHeader {
 }
 
 /// Rebuilds the windows of `owners` in `pool` (whose free lists must be
-/// empty: recovery fills them) and frees everything else. Runs before the
+/// empty: recovery fills them) and frees everything else. `restarted`:
+/// the machine may have restarted since the pool was last open, so a
+/// frame without its mark may have been acknowledged. Runs before the
 /// pool is shared: no other thread touches it.
-pub(crate) fn recover(pool: &Pool, owners: &[Owner], check: FrameCheck) -> Recovery {
+pub(crate) fn recover(
+    pool: &Pool,
+    owners: &[Owner],
+    check: FrameCheck,
+    restarted: bool,
+) -> Recovery {
     let units = pool.shape().units;
     let index: HashMap<(u64, u64), usize> = owners
         .iter()
@@ -222,7 +249,13 @@ pub(crate) fn recover(pool: &Pool, owners: &[Owner], check: FrameCheck) -> Recov
             (!unverified_claims.contains(&i)).then(Window::new)
         } else {
             restore(
-                pool, owners[i], candidates, check, &mut used, &mut out, &mut kept,
+                pool,
+                owners[i],
+                candidates,
+                Proof { check, restarted },
+                &mut used,
+                &mut out,
+                &mut kept,
             )
         };
         out.windows.push(window);
@@ -232,12 +265,20 @@ pub(crate) fn recover(pool: &Pool, owners: &[Owner], check: FrameCheck) -> Recov
     out
 }
 
+/// How a frame is proven: its check, and whether a missing mark may hide
+/// an acknowledged frame (the machine restarted).
+#[derive(Clone, Copy, Debug)]
+struct Proof {
+    check: FrameCheck,
+    restarted: bool,
+}
+
 /// Restores one owner's window from its candidate segments.
 fn restore(
     pool: &Pool,
     owner: Owner,
     candidates: &[Candidate],
-    check: FrameCheck,
+    proof: Proof,
     used: &mut [bool],
     out: &mut Recovery,
     kept_segments: &mut u64,
@@ -321,8 +362,9 @@ fn restore(
             prefixes.push(None);
             continue;
         };
-        let p = prove(pool, c, count, i < head_i, check);
+        let p = prove(pool, c, count, i < head_i, proof);
         out.damaged_frames += u64::from(p.gaps);
+        out.unconfirmed_frames += u64::from(p.unconfirmed);
         if p.damaged {
             out.damaged_frames += u64::from(count - p.valid);
             if i < head_i {
@@ -396,12 +438,16 @@ fn claimed(pool: &Pool, c: &Candidate) -> Option<u32> {
 /// - a *damaged* frame (a mark, so maybe acknowledged and delivered, but a
 ///   failed check) becomes a gap marker: every reader that reaches it
 ///   reports a gap at its number, and its number is never handed out
-///   again. The frames around it are kept.
+///   again. The frames around it are kept;
+/// - after a machine restart (`proof.restarted`), an unfinished frame is
+///   *unconfirmed* and becomes a gap marker too, wherever it is — at the
+///   head's end as well, so its number is not handed out again.
 ///
 /// Unfinished frames after the last readable one of an open head are left
 /// for the caller to drop. Only when the holes' room cannot be laid out
 /// again (the claims do not fit the segment) is the result `damaged`.
-fn prove(pool: &Pool, c: &Candidate, count: u32, sealed: bool, check: FrameCheck) -> Prefix {
+fn prove(pool: &Pool, c: &Candidate, count: u32, sealed: bool, proof: Proof) -> Prefix {
+    let check = proof.check;
     let segment = pool.segment(c.seg.unit, c.class);
     let stamp = c.seg.stamp;
     // Each frame takes its header words and a table entry: more claims
@@ -413,6 +459,7 @@ fn prove(pool: &Pool, c: &Candidate, count: u32, sealed: bool, check: FrameCheck
             bytes: 0,
             end: HEADER_WORDS,
             gaps: 0,
+            unconfirmed: 0,
             damaged: true,
         };
     }
@@ -466,15 +513,22 @@ fn prove(pool: &Pool, c: &Candidate, count: u32, sealed: bool, check: FrameCheck
                 }
             }
         };
+        let f = match f {
+            Found::Unfinished if proof.restarted => Found::Unconfirmed,
+            f => f,
+        };
         (expected, low) = match f {
             Found::Proven { end, .. } => (Some(end), end),
             _ => (None, low),
         };
         found.push(f);
     }
-    let last_readable = found
-        .iter()
-        .rposition(|f| matches!(f, Found::Proven { .. } | Found::Damaged));
+    let last_readable = found.iter().rposition(|f| {
+        matches!(
+            f,
+            Found::Proven { .. } | Found::Damaged | Found::Unconfirmed
+        )
+    });
     let valid = if sealed {
         count as usize
     } else {
@@ -486,6 +540,7 @@ fn prove(pool: &Pool, c: &Candidate, count: u32, sealed: bool, check: FrameCheck
         bytes: 0,
         end: HEADER_WORDS,
         gaps: 0,
+        unconfirmed: 0,
         damaged: false,
     };
     let mut i = 0;
@@ -519,11 +574,16 @@ fn prove(pool: &Pool, c: &Candidate, count: u32, sealed: bool, check: FrameCheck
             } else {
                 FRAME_HEADER_WORDS
             };
-            let ms = if matches!(lost, Found::Damaged) {
-                p.gaps += 1;
-                GAP_MS
-            } else {
-                c.header.opened_ms
+            let ms = match lost {
+                Found::Damaged => {
+                    p.gaps += 1;
+                    GAP_MS
+                }
+                Found::Unconfirmed => {
+                    p.unconfirmed += 1;
+                    GAP_MS
+                }
+                _ => c.header.opened_ms,
             };
             placeholder(segment, stamp, check, k, at, words, ms);
             at += words;

@@ -117,7 +117,7 @@ fn a_spare_that_names_the_head_as_predecessor_never_wins_over_the_chain() {
         State::Open { count: 0, used: 0 }.encode(spare.stamp),
         Ordering::Relaxed,
     );
-    let r = recover::recover(&after, &[A], CHECK);
+    let r = recover::recover(&after, &[A], CHECK, false);
     let w = r.windows[0].as_ref().expect("proven");
     assert_eq!(w.high_water(&after), high);
     assert_eq!(read_all(w, &after, 1), vec![(1, vec![7; 20])]);
@@ -149,7 +149,7 @@ fn an_unfinished_frame_between_finished_ones_becomes_a_skipped_placeholder() {
     let entry = seg[seg.len() - 2].load(Ordering::Relaxed);
     let offset = table_offset(entry, stamp).unwrap() as usize;
     seg[offset].store(0, Ordering::Relaxed);
-    let r = recover::recover(&after, &[A], CHECK);
+    let r = recover::recover(&after, &[A], CHECK, false);
     assert_eq!(r.damaged_frames, 0, "an unfinished frame is not damage");
     let w = r.windows[0].as_ref().expect("proven");
     let seqs: Vec<u64> = read_all(w, &after, 1).iter().map(|(s, _)| *s).collect();
@@ -221,7 +221,7 @@ fn a_unit_allocated_but_not_yet_written_is_no_candidate_whatever_its_old_words_c
     after
         .stamp(free.unit)
         .store(u64::from(old + 2), Ordering::Relaxed);
-    let r = recover::recover(&after, &[A], CHECK);
+    let r = recover::recover(&after, &[A], CHECK, false);
     assert_eq!(r.unverified_headers, 1);
     let w = r.windows[0].as_ref().expect("the session's own chain");
     assert_eq!(w.high_water(&after), high);
@@ -264,7 +264,7 @@ fn a_chain_ending_in_an_unwritten_state_never_wins_over_one_that_can_be_restored
         State::Open { count: 0, used: 0 }.encode(spare.stamp + 2),
         Ordering::Relaxed,
     );
-    let r = recover::recover(&after, &[A], CHECK);
+    let r = recover::recover(&after, &[A], CHECK, false);
     let w = r.windows[0].as_ref().expect("the restorable chain");
     assert_eq!(w.high_water(&after), high);
     assert_eq!(read_all(w, &after, 1).len() as u64, high);
@@ -283,7 +283,7 @@ fn a_flipped_bit_in_a_sealed_segments_header_drops_it_and_older_and_renumbers_no
     // Segments of 1, 3, 8, ... frames: the second starts at 2.
     let second = segment_starting_at(&after, 2);
     after.segment(second, 0)[3].fetch_xor(1 << 3, Ordering::Relaxed);
-    let r = recover::recover(&after, &[A], CHECK);
+    let r = recover::recover(&after, &[A], CHECK, false);
     assert_eq!(r.unverified_headers, 1);
     let w = r.windows[0].as_ref().expect("the newer segments");
     assert_eq!(w.high_water(&after), 20, "numbers are not reused");
@@ -313,7 +313,7 @@ fn a_flipped_bit_in_the_heads_header_leaves_the_session_unrestored() {
     let head = SegRef::unpack(w.head_word()).unwrap();
     let after = restart(&p);
     after.segment(head.unit, 0)[3].fetch_xor(1 << 2, Ordering::Relaxed);
-    let r = recover::recover(&after, &[A], CHECK);
+    let r = recover::recover(&after, &[A], CHECK, false);
     assert_eq!(r.unverified_headers, 1);
     assert!(
         r.windows[0].is_none(),
@@ -390,7 +390,7 @@ fn damage_that_a_missing_mark_could_hide_is_told_and_a_lost_table_entry_is_rebui
         )
     };
     let check = |after: &Pool, want: (Vec<u64>, Vec<u64>), damaged: u64, what: &str| {
-        let r = recover::recover(after, &[A], CHECK);
+        let r = recover::recover(after, &[A], CHECK, false);
         assert_eq!(r.damaged_frames, damaged, "{what}");
         let w = r.windows[0].as_ref().expect("proven");
         let (events, gaps) = read_told(w, after, 1);
@@ -440,7 +440,7 @@ fn damage_that_a_missing_mark_could_hide_is_told_and_a_lost_table_entry_is_rebui
     let (seg, slot, _) = event_3(&after);
     let entry_4 = seg[slot - 1].load(Ordering::Relaxed);
     seg[slot].store(entry_4, Ordering::Relaxed);
-    let r = recover::recover(&after, &[A], CHECK);
+    let r = recover::recover(&after, &[A], CHECK, false);
     let w = r.windows[0].as_ref().expect("proven");
     let (events, gaps) = read_told(w, &after, 1);
     assert!(gaps.contains(&3), "{gaps:?}");
@@ -470,7 +470,7 @@ fn a_state_word_claiming_more_frames_than_fit_is_damage_not_a_panic() {
         .encode(stamp),
         Ordering::Relaxed,
     );
-    let r = recover::recover(&after, &[A], CHECK);
+    let r = recover::recover(&after, &[A], CHECK, false);
     // A head whose claims cannot be laid out is emptied and restarts,
     // alone, after the last number it claimed: nothing is delivered that
     // was not proven, and no number is handed out twice.
@@ -506,7 +506,7 @@ fn a_sealed_segments_damaged_kept_count_is_written_again_from_the_chain() {
         .encode(stamp),
         Ordering::Relaxed,
     );
-    let r = recover::recover(&after, &[A], CHECK);
+    let r = recover::recover(&after, &[A], CHECK, false);
     assert_eq!(r.damaged_frames, 0);
     assert_eq!(
         State::decode(state.load(Ordering::Relaxed), stamp),
@@ -522,5 +522,90 @@ fn a_sealed_segments_damaged_kept_count_is_written_again_from_the_chain() {
         let seqs: Vec<u64> = events.iter().map(|(s, _)| *s).collect();
         let want: Vec<u64> = (1..=16).filter(|s| (s % 2 == 1) == (stream == 1)).collect();
         assert_eq!((seqs, gaps), (want, vec![]), "stream {stream}");
+    }
+}
+
+/// Zeroes the mark of the frame the table's entry `index` names in the
+/// segment starting at `first_seq`: a frame whose last store never landed
+/// — its writer died, or, after a machine restart, the page holding it
+/// never reached the device.
+fn unmark(after: &Pool, first_seq: u64, index: usize) {
+    let unit = segment_starting_at(after, first_seq);
+    let stamp = after.stamp_now(unit, Ordering::Relaxed);
+    let class = SegmentHeader::from_words(std::array::from_fn(|i| {
+        after.segment(unit, 0)[i].load(Ordering::Relaxed)
+    }))
+    .class();
+    let seg = after.segment(unit, class);
+    let entry = seg[seg.len() - 1 - index].load(Ordering::Relaxed);
+    let offset = table_offset(entry, stamp).expect("a written entry") as usize;
+    seg[offset].store(0, Ordering::Relaxed);
+}
+
+#[test]
+fn after_a_machine_restart_an_unmarked_frame_mid_chain_is_told_as_a_gap_not_skipped() {
+    let p = sixteen();
+    // Event 3 (stream 1, in the sealed second segment) lost its mark.
+    for restarted in [false, true] {
+        let after = restart(&p);
+        unmark(&after, 2, 1);
+        let r = recover::recover(&after, &[A], CHECK, restarted);
+        assert_eq!(r.damaged_frames, 0, "restarted: {restarted}");
+        assert_eq!(r.unconfirmed_frames, u64::from(restarted));
+        let w = r.windows[0].as_ref().expect("proven");
+        let (events, gaps) = read_told(w, &after, 1);
+        let seqs: Vec<u64> = events.iter().map(|(s, _)| *s).collect();
+        let odd: Vec<u64> = (1..=16).filter(|s| s % 2 == 1 && *s != 3).collect();
+        assert_eq!(seqs, odd, "restarted: {restarted}");
+        for (seq, bytes) in &events {
+            assert_eq!(bytes, &vec![*seq as u8; 20]);
+        }
+        // A process crash: the writer died before its append returned, so
+        // nobody was told of event 3 and its number is skipped in silence.
+        // A machine restart: event 3 may have been delivered and its words
+        // lost with their page, so its readers are told.
+        let want_gaps = if restarted { vec![3] } else { vec![] };
+        assert_eq!(gaps, want_gaps, "restarted: {restarted}");
+        assert_eq!(
+            read_told(w, &after, 2).1,
+            want_gaps,
+            "every stream's readers are told: the lost frame's stream is unknown"
+        );
+        assert_eq!(append(w, &after, 1, &[17; 20]), 17);
+    }
+}
+
+#[test]
+fn after_a_machine_restart_unmarked_frames_at_the_heads_end_keep_their_numbers() {
+    let p = sixteen();
+    // The head holds events 13 to 16; the last two lost their marks.
+    for restarted in [false, true] {
+        let after = restart(&p);
+        unmark(&after, 13, 2);
+        unmark(&after, 13, 3);
+        let r = recover::recover(&after, &[A], CHECK, restarted);
+        assert_eq!(r.unconfirmed_frames, if restarted { 2 } else { 0 });
+        let w = r.windows[0].as_ref().expect("proven");
+        let (events, gaps) = read_told(w, &after, 2);
+        let seqs: Vec<u64> = events.iter().map(|(s, _)| *s).collect();
+        assert_eq!(seqs, vec![2, 4, 6, 8, 10, 12, 14]);
+        if restarted {
+            // 15 and 16 may have been delivered: told, and never numbered
+            // again, so a client holding 16 as its cursor cannot mistake
+            // a new event 16 for the one it saw.
+            assert_eq!(gaps, vec![15, 16]);
+            assert_eq!(w.high_water(&after), 16);
+            assert_eq!(append(w, &after, 2, &[17; 20]), 17);
+        } else {
+            // Appends that never returned: dropped, their numbers reused.
+            assert!(gaps.is_empty());
+            assert_eq!(w.high_water(&after), 14);
+            assert_eq!(append(w, &after, 2, &[15; 20]), 15);
+        }
+        let (events, _) = read_told(w, &after, 2);
+        assert_eq!(
+            events.last().map(|(_, b)| b[0]),
+            Some(if restarted { 17 } else { 15 })
+        );
     }
 }
