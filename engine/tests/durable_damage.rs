@@ -24,6 +24,9 @@ use rewind_engine::{Config, Engine, Replay, ReplayError, SessionHandle, SessionI
 const SESSIONS: usize = 3;
 const EVENTS_PER_SESSION: u64 = 60;
 const POOL_FILE: &str = "pool";
+/// Where the pool file's header page keeps its boot record (which kernel
+/// boot last opened the file), and its length.
+const BOOT_RECORD: std::ops::Range<usize> = 1024..1056;
 const JOURNAL_FILE: &str = "sessions.journal";
 
 fn config(dir: &Path) -> Config {
@@ -220,7 +223,8 @@ fn read_all(r: &mut Replay) -> Vec<Got> {
 /// `silent_loss_possible`: a zeroed word can make a finished frame look
 /// like one whose writer died before its mark (an append that never
 /// returned, whose number recovery skips without a gap), and the two leave
-/// the same words behind. Returns how many were delivered.
+/// the same words behind — unless the machine restarted, when recovery
+/// tells every unfinished frame as a gap. Returns how many were delivered.
 fn check_session(
     h: &SessionHandle,
     streams: &[u32],
@@ -283,9 +287,19 @@ proptest! {
     #[test]
     fn a_damaged_directory_is_refused_or_restores_only_what_was_appended(
         damage in prop::collection::vec(damage(), 1..6),
+        wipe_boot_record in any::<bool>(),
     ) {
         let b = baseline();
-        let (pool, journal, zeroed) = damaged(b, &damage);
+        let (mut pool, journal, zeroed) = damaged(b, &damage);
+        // Half the cases as if the machine had restarted since the files
+        // were written: a boot record that names no boot (as one another
+        // kernel boot wrote does not name this one). Damage to the record
+        // says the same.
+        if wipe_boot_record {
+            pool[BOOT_RECORD].fill(0);
+        }
+        let restarted = pool[BOOT_RECORD] != b.pool[BOOT_RECORD];
+        let silent_loss_possible = zeroed && !restarted;
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join(POOL_FILE), &pool).unwrap();
         std::fs::write(dir.path().join(JOURNAL_FILE), &journal).unwrap();
@@ -305,6 +319,10 @@ proptest! {
             }
         };
 
+        if let Some(report) = engine.recovery() {
+            prop_assert_eq!(report.machine_restarted, restarted);
+        }
+
         // Only sessions that were there come back.
         for h in engine.restored_sessions() {
             prop_assert!(b.ids.contains(&h.id()), "restored {} was never opened", h.id());
@@ -313,7 +331,12 @@ proptest! {
         let mut restored = Vec::new();
         for (i, &id) in b.ids.iter().enumerate() {
             let Some(h) = engine.session(id) else { continue };
-            check_session(&h, &b.streams[i], &|seq| b.events.get(&(i, seq)).cloned(), zeroed)?;
+            check_session(
+                &h,
+                &b.streams[i],
+                &|seq| b.events.get(&(i, seq)).cloned(),
+                silent_loss_possible,
+            )?;
             restored.push((i, h));
         }
 
@@ -347,7 +370,7 @@ proptest! {
                 h,
                 &b.streams[i],
                 &|seq| after.get(&(i, seq)).or_else(|| b.events.get(&(i, seq))).cloned(),
-                zeroed,
+                silent_loss_possible,
             )?;
         }
         let n = check_session(&fresh, &[fresh_stream], &|seq| after.get(&(99, seq)).cloned(), false)?;
