@@ -193,7 +193,11 @@ impl Shared {
             crate::durable::header::MARK_OFFSET,
             shape.total_words() + 1,
         );
-        let pool = Pool::over_marked(backing, shape);
+        let pool = Pool::over_marked(
+            backing,
+            shape,
+            crate::storage::pool::MarkFormat::for_version(opened.dir.version),
+        );
         let journaled: Vec<_> = opened.live.into_values().collect();
         let owners: Vec<_> = journaled
             .iter()

@@ -140,11 +140,11 @@ fn truncated_foreign_and_other_version_files_are_refused() {
         stamp_version(&mut file, v);
         file
     };
-    for v in [1, 5] {
+    for v in [1, 6] {
         std::fs::write(&pool, with_version(v)).unwrap();
         let e = data_dir_error(config(dir.path()));
         assert!(
-            matches!(e, DataDirError::Version { found, expected: 4, .. } if found == v),
+            matches!(e, DataDirError::Version { found, expected: 5, .. } if found == v),
             "{e}"
         );
     }
@@ -212,7 +212,7 @@ fn a_format_3_file_keeps_its_format_and_its_frames_checks_cover_their_payload_al
         let e = Engine::new(config(dir.path())).unwrap();
         e.open(None).unwrap().id()
     };
-    assert_eq!(version_of(dir.path()), 4, "a new file is made in format 4");
+    assert_eq!(version_of(dir.path()), 5, "a new file is made in format 5");
     // The same directory as a build of format 3 left it (its session has
     // no event yet, so nothing in it depends on the frame check).
     set_version(dir.path(), 3);
@@ -242,13 +242,26 @@ fn a_format_3_file_keeps_its_format_and_its_frames_checks_cover_their_payload_al
     // Checked as format 4 would check them (stream id included), every
     // frame fails: the two checks differ, and the file's format decides.
     set_version(dir.path(), 4);
-    let e = Engine::new(config(dir.path())).unwrap();
-    let report = e.recovery().unwrap().clone();
-    assert_eq!(
-        (report.events, report.damaged_frames),
-        (0, 30),
-        "{report:?}"
-    );
+    {
+        let e = Engine::new(config(dir.path())).unwrap();
+        let report = e.recovery().unwrap().clone();
+        assert_eq!(
+            (report.events, report.damaged_frames),
+            (0, 30),
+            "{report:?}"
+        );
+    }
+    // Formats 3 and 4 keep the allocation mark as the plain unit; it
+    // stays so (format 5's carries a check of itself in its high half).
+    assert_eq!(version_of(dir.path()), 4);
+    let mark = mark_of(dir.path());
+    assert!(mark >> 32 == 0 && mark > 0, "{mark:#x}");
+}
+
+/// The allocation mark's word: the header page's last.
+fn mark_of(dir: &Path) -> u64 {
+    let file = std::fs::read(dir.join("pool")).unwrap();
+    u64::from_le_bytes(file[4088..4096].try_into().unwrap())
 }
 
 #[test]
@@ -689,11 +702,8 @@ fn recovery_reads_only_the_units_the_pool_ever_used() {
             })
             .collect()
     };
-    let mark = u64::from_le_bytes(
-        std::fs::read(dir.path().join("pool")).unwrap()[4088..4096]
-            .try_into()
-            .unwrap(),
-    );
+    // Format 5: the unit in the low half, its check in the high half.
+    let mark = mark_of(dir.path()) & 0xffff_ffff;
     assert!(mark > 0 && mark < units, "mark {mark} of {units} units");
     let e = Engine::new(big()).unwrap();
     let report = e.recovery().unwrap().clone();
@@ -720,6 +730,25 @@ fn recovery_reads_only_the_units_the_pool_ever_used() {
     drop(e);
     let e = Engine::new(big()).unwrap();
     assert_eq!(e.recovery().unwrap().events, 4 * 80);
+    drop(e);
+
+    // A flipped bit in the mark would once have read as a higher unit,
+    // hiding the segments below it (their sessions restored empty, their
+    // numbers handed out again). Format 5's mark checks itself: damaged,
+    // it is unknown, every unit is read, and the mark is settled again.
+    let path = dir.path().join("pool");
+    let good = mark_of(dir.path());
+    for bit in [3, 20, 40] {
+        let mut file = std::fs::read(&path).unwrap();
+        file[4088..4096].copy_from_slice(&(good ^ (1 << bit)).to_le_bytes());
+        std::fs::write(&path, &file).unwrap();
+        let e = Engine::new(big()).unwrap();
+        let report = e.recovery().unwrap().clone();
+        assert_eq!(report.scanned_units, units, "bit {bit}: {report:?}");
+        assert_eq!((report.sessions, report.events), (4, 4 * 80), "bit {bit}");
+        drop(e);
+        assert_eq!(mark_of(dir.path()), good, "bit {bit}: settled again");
+    }
 }
 
 #[test]

@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use super::header::{self, HEADER_BYTES, MARK_OFFSET};
 use super::{journal, DataDirError, JOURNAL_FILE, POOL_FILE};
 use crate::storage::backing::Backing;
+use crate::storage::pool::MarkFormat;
 use crate::storage::{recover, Owner, Pool, PoolShape};
 
 /// What [`check`] found in a data directory.
@@ -208,6 +209,7 @@ pub fn check(dir: &Path) -> Result<CheckReport, DataDirError> {
     let pool = Pool::over_marked(
         Backing::mapped(map, MARK_OFFSET, shape.total_words() + 1),
         shape,
+        MarkFormat::for_version(header.version),
     );
     let recovery = recover::recover(
         &pool,

@@ -18,18 +18,21 @@ use crate::storage::PoolShape;
 
 /// The first eight bytes of every pool file.
 pub(crate) const MAGIC: [u8; 8] = *b"RWNDPOOL";
-/// The format this build writes (4: a frame's check covers its stream id
-/// as well as its payload; 3: the header page ends with the pool's
-/// allocation mark; 2: segment headers carry a check bound to their
-/// allocation). A file keeps the format it was made with; its frames are
-/// checked as that format says (`FrameCheck::for_version`).
-pub(crate) const VERSION: u32 = 4;
+/// The format this build writes (5: the allocation mark carries a check of
+/// itself; 4: a frame's check covers its stream id as well as its payload;
+/// 3: the header page ends with the pool's allocation mark; 2: segment
+/// headers carry a check bound to their allocation). A file keeps the
+/// format it was made with; its frames and mark are read as that format
+/// says (`FrameCheck::for_version`, `MarkFormat::for_version`).
+pub(crate) const VERSION: u32 = 5;
 /// The oldest format this build reads: a version-2 file has no allocation
 /// mark (its word is 0, "unknown"), so its recovery reads every unit, and
 /// it stays version 2, so the builds that made it can still open it. A
 /// version-3 file is refused by those builds: they would allocate below
 /// the mark without lowering it. A version-4 file is refused by builds of
-/// format 3: they would find every frame's check wrong.
+/// format 3: they would find every frame's check wrong. A version-5 file
+/// is refused by builds of format 4: they would read its checked mark as
+/// a unit past the pool's end and recover nothing.
 pub(crate) const OLDEST_READABLE: u32 = 2;
 /// Bytes before the pool's words: one page.
 pub(crate) const HEADER_BYTES: usize = 4096;

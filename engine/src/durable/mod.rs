@@ -35,6 +35,7 @@ use std::path::{Path, PathBuf};
 pub use check::{check, CheckReport};
 pub use error::DataDirError;
 
+use crate::storage::pool::MarkFormat;
 use crate::storage::PoolShape;
 use header::{FileHeader, HEADER_BYTES, MARK_OFFSET, OLDEST_READABLE, VERSION};
 use journal::{Journal, Journaled};
@@ -341,7 +342,11 @@ fn create_pool(path: &Path, shape: PoolShape) -> Result<(), DataDirError> {
     let mut page = vec![0u8; HEADER_BYTES];
     FileHeader::new(shape, unix_ms()).write(&mut page, 0);
     // Nothing allocated yet: the allocation mark is past the last unit.
-    page[MARK_OFFSET..].copy_from_slice(&u64::from(shape.units).to_le_bytes());
+    page[MARK_OFFSET..].copy_from_slice(
+        &MarkFormat::for_version(VERSION)
+            .encode(shape.units)
+            .to_le_bytes(),
+    );
     use std::io::Write;
     file.write_all(&page).map_err(io("write header"))?;
     file.sync_all().map_err(io("fsync"))?;

@@ -740,3 +740,35 @@ fn loom_a_batch_reader_racing_release_and_reuse_never_sees_the_new_owner() {
         );
     });
 }
+
+/// Two threads allocating at once from a pool with an allocation mark:
+/// each lowers the mark (a compare-and-swap loop, the mark being a value
+/// and its check in one word) before stamping its unit, so the mark ends
+/// at the lower unit, is never seen above a stamped unit, and always reads
+/// as a valid mark.
+#[test]
+fn loom_the_allocation_mark_is_lowered_before_a_unit_below_it_is_stamped() {
+    loom::model(|| {
+        let p = Arc::new(
+            Pool::new_on_lists_marked(PoolShape {
+                units: 2,
+                unit_words: 16,
+                top_class: 0,
+            })
+            .expect("a test pool fits in memory"),
+        );
+        let threads: Vec<_> = (0..2)
+            .map(|_| {
+                let p = Arc::clone(&p);
+                thread::spawn(move || {
+                    let seg = p.alloc(0).expect("a unit each");
+                    // Stamped after the mark was lowered to it or below.
+                    assert!(p.allocation_mark() <= seg.unit);
+                    seg.unit
+                })
+            })
+            .collect();
+        let units: Vec<u32> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+        assert_eq!(p.allocation_mark(), *units.iter().min().unwrap());
+    });
+}

@@ -165,6 +165,8 @@ pub(crate) struct Pool {
     /// Where the pool's own words start in the backing: 1 when the word
     /// before them is the allocation mark (a durable pool), else 0.
     words_at: usize,
+    /// How the allocation mark is written (by the file's format).
+    mark_format: MarkFormat,
     /// Units `0..untouched` are free, never written, and on no free list:
     /// a new heap pool's whole top-class blocks, or a recovered pool's part
     /// below its allocation mark, handed out as top-class blocks from its
@@ -177,6 +179,53 @@ pub(crate) struct Pool {
     /// recover a heap pool's words), not for a fresh heap pool, whose
     /// headers nothing ever verifies.
     header_checks: bool,
+}
+
+/// How a pool file keeps its allocation mark, by its format version.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum MarkFormat {
+    /// Formats 2 to 4: the unit itself (0 in format 2, whose files have
+    /// no mark: "unknown", and never lowered).
+    Plain,
+    /// Format 5 on: the unit in the low half, a check of it in the high
+    /// half, so a flipped bit or a word written over it reads as
+    /// "unknown" (recovery reads every unit) instead of as a higher unit
+    /// (recovery would not read the segments below it, and their
+    /// sessions' numbers would be handed out again).
+    Checked,
+}
+
+/// Mixed into a checked mark's high half, so that no run of equal or
+/// zero bytes is a valid mark.
+const MARK_KEY: u32 = 0x6D41_524B;
+
+impl MarkFormat {
+    /// The mark format of pool files of format `version`.
+    pub(crate) fn for_version(version: u32) -> MarkFormat {
+        if version >= 5 {
+            MarkFormat::Checked
+        } else {
+            MarkFormat::Plain
+        }
+    }
+
+    /// The word that says `unit`.
+    pub(crate) fn encode(self, unit: u32) -> u64 {
+        match self {
+            MarkFormat::Plain => u64::from(unit),
+            MarkFormat::Checked => (u64::from(!unit ^ MARK_KEY) << 32) | u64::from(unit),
+        }
+    }
+
+    /// The unit `word` says, if it is a mark of this format.
+    pub(crate) fn decode(self, word: u64) -> Option<u32> {
+        match self {
+            MarkFormat::Plain => u32::try_from(word).ok(),
+            MarkFormat::Checked => {
+                ((word >> 32) as u32 == !(word as u32) ^ MARK_KEY).then_some(word as u32)
+            }
+        }
+    }
 }
 
 impl std::fmt::Debug for Pool {
@@ -248,6 +297,20 @@ impl Pool {
         Ok(pool)
     }
 
+    /// [`Pool::new_on_lists`] with a checked allocation mark before its
+    /// words, as a new pool file of this build has (every unit above it).
+    #[cfg(all(test, loom))]
+    pub(crate) fn new_on_lists_marked(shape: PoolShape) -> std::io::Result<Pool> {
+        let backing = Backing::in_memory(shape.total_words() + 1)?;
+        backing
+            .word(0)
+            .store(MarkFormat::Checked.encode(shape.units), Ordering::Relaxed);
+        let mut pool = Pool::over_marked(backing, shape, MarkFormat::Checked);
+        pool.header_checks = false;
+        pool.push_blocks_from(0, shape.top_class + 1);
+        Ok(pool)
+    }
+
     /// This pool, writing the check of every segment header it
     /// initialises from now on (a pool over a backing is created so; a
     /// fresh heap pool whose words a test will recover needs it).
@@ -276,8 +339,10 @@ impl Pool {
     /// for a file made before the mark existed). Allocation takes the
     /// pool's highest free block first, so the units at and above the
     /// mark are the most the pool ever held, and recovery reads only them.
-    pub(crate) fn over_marked(backing: Backing, shape: PoolShape) -> Pool {
-        Pool::with_words_at(backing, shape, 1)
+    pub(crate) fn over_marked(backing: Backing, shape: PoolShape, format: MarkFormat) -> Pool {
+        let mut pool = Pool::with_words_at(backing, shape, 1);
+        pool.mark_format = format;
+        pool
     }
 
     fn with_words_at(backing: Backing, shape: PoolShape, words_at: usize) -> Pool {
@@ -300,6 +365,7 @@ impl Pool {
             append_stalls: CachePadded::new(AtomicU64::new(0)),
             data_base: 2 * shape.units as usize,
             words_at,
+            mark_format: MarkFormat::Plain,
             untouched: CachePadded::new(AtomicU32::new(0)),
             header_checks: true,
         }
@@ -319,12 +385,37 @@ impl Pool {
 
     /// The lowest unit that may have been allocated: below it every unit
     /// is free and was never written (0 when the pool has no mark, or the
-    /// mark is unknown).
+    /// mark is unknown: not a mark of the file's format, or beyond the
+    /// last unit — damage, which must make recovery read more, never less).
     pub(crate) fn allocation_mark(&self) -> u32 {
         self.mark_word().map_or(0, |m| {
-            u32::try_from(m.load(Ordering::Relaxed))
-                .map_or(self.shape.units, |v| v.min(self.shape.units))
+            self.mark_format
+                .decode(m.load(Ordering::Relaxed))
+                .filter(|&v| v <= self.shape.units)
+                .unwrap_or(0)
         })
+    }
+
+    /// After recovery: the mark becomes the lower of what it said (if it
+    /// was valid) and `lowest_used`, the lowest unit recovery kept, so the
+    /// next recovery reads every kept segment — also after one that read
+    /// every unit because the mark was unknown or may have been written
+    /// back stale (a machine restart). Runs before the pool is shared.
+    pub(crate) fn settle_mark(&self, lowest_used: Option<u32>) {
+        let Some(mark) = self.mark_word() else {
+            return;
+        };
+        let units = self.shape.units;
+        let said = self
+            .mark_format
+            .decode(mark.load(Ordering::Relaxed))
+            .filter(|&v| v <= units)
+            .unwrap_or(units);
+        let settled = said.min(lowest_used.unwrap_or(units));
+        let word = self.mark_format.encode(settled);
+        if mark.load(Ordering::Relaxed) != word {
+            mark.store(word, Ordering::Relaxed);
+        }
     }
 
     /// Puts every unit `used` does not mark on the free lists, as
@@ -497,9 +588,7 @@ impl Pool {
             // keeps it); on the device with the next sync of the mapping,
             // which covers the header page too (`sync = every append`
             // syncs the whole mapping before the append returns).
-            if u64::from(unit) < mark.load(Ordering::Relaxed) {
-                mark.fetch_min(u64::from(unit), Ordering::Relaxed);
-            }
+            self.lower_mark(mark, unit);
         }
         let stamp_word = self.stamp(unit);
         // Only the allocator touches a free unit's stamp: load + store.
@@ -510,6 +599,30 @@ impl Pool {
         // sees the new stamp.
         fence(Ordering::Release);
         Some(SegRef { unit, stamp })
+    }
+
+    /// Lowers the allocation mark to `unit` if it is above it. Rare: only
+    /// an allocation below every earlier one lowers it.
+    #[inline]
+    fn lower_mark(&self, mark: &AtomicU64, unit: u32) {
+        let mut word = mark.load(Ordering::Relaxed);
+        loop {
+            // A mark that is not valid stays so: recovery reads every unit
+            // for it, and then settles it.
+            match self.mark_format.decode(word) {
+                Some(m) if unit < m => {}
+                _ => return,
+            }
+            match mark.compare_exchange_weak(
+                word,
+                self.mark_format.encode(unit),
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => return,
+                Err(now) => word = now,
+            }
+        }
     }
 
     /// Pops `class`, or splits the smallest larger class that has one.

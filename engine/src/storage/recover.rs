@@ -40,6 +40,13 @@
 //! the race to seal) is not on the chain. Of the chains found whose last
 //! segment is open (or closed while open), the one that reaches the highest
 //! sequence number is the window.
+//! A seal can be lost — the state word written back older than the
+//! successor after a machine crash, or damaged — so an open chain end is
+//! also linked to a segment that names it as predecessor and starts after
+//! its claims, or holds frames (`relink_lost_seals`); and frames past an
+//! open head's count that stand whole where the claims' end puts them,
+//! with this allocation's table entries, are claimed again
+//! (`past_the_claims`): the count is one unchecked word.
 //! A sealed segment keeps its frame count in its state word for readers,
 //! who trust it to know where the segment ends; recovery writes each kept
 //! sealed segment's word again with the count the chain proves (its
@@ -88,7 +95,8 @@
 //! window would hand out again the numbers its events had.
 //!
 //! Cost: one pass over the stamps (two words per unit, outside the data)
-//! of the units at and above the pool's allocation mark — the lowest unit
+//! of the units at and above the pool's allocation mark (of every unit
+//! after a machine restart, when the mark's page may be a stale one) — the lowest unit
 //! ever allocated; allocation takes the highest free block first, so that
 //! is the most the pool ever held —, the headers of owned segments, and the
 //! frames of the restored chains; the units below the mark are neither
@@ -213,7 +221,10 @@ pub(crate) fn recover(
     let mut out = Recovery::default();
     let mut unverified_claims = std::collections::HashSet::new();
     // Below the allocation mark no unit was ever allocated: nothing to read.
-    let from = pool.allocation_mark();
+    // After a machine restart the mark's page may have reached the device
+    // older (higher) than the stamps of units allocated below it: every
+    // unit is read, and the mark settled below what is kept.
+    let from = if restarted { 0 } else { pool.allocation_mark() };
     out.scanned_units = u64::from(units - from);
     for unit in from..units {
         let stamp = pool.stamp_now(unit, Ordering::Relaxed);
@@ -262,6 +273,7 @@ pub(crate) fn recover(
     }
     out.dropped_segments = owned - kept;
     pool.free_unused(&used, from);
+    pool.settle_mark(used.iter().position(|&u| u).map(|u| u as u32));
     out
 }
 
@@ -302,6 +314,7 @@ fn restore(
             }
         }
     }
+    relink_lost_seals(pool, candidates, &mut successor, &mut pointed);
     // Every chain starts at a candidate nothing points to and that names no
     // candidate as its predecessor (one that does is a spare an appender
     // prepared and lost: the segment it names was sealed to another, or not
@@ -374,7 +387,11 @@ fn restore(
         prefixes.push(Some((count, p)));
     }
     let head = chain[head_i];
-    let (count, p) = prefixes[head_i].expect("the head's count is known");
+    let (mut count, mut p) = prefixes[head_i].expect("the head's count is known");
+    if !p.damaged && p.valid == count {
+        (count, p) = past_the_claims(pool, &head, count, p, proof.check);
+        prefixes[head_i] = Some((count, p));
+    }
     if p.damaged {
         // Sequence numbers up to the last claimed one may have been
         // acknowledged: restart the head after them, alone.
@@ -415,6 +432,77 @@ fn restore(
         }
     }
     Some(Window::restored(kept[0].seg, head.seg, held))
+}
+
+/// A segment's seal (its state word saying *sealed → next*) can be lost:
+/// after a machine restart its page may have reached the device older
+/// than its successor's header and frames, and a damaged state word of
+/// the same stamp can read as "open" too. The successor, which names it as
+/// predecessor, would then be dropped with every event in it, its numbers
+/// handed out again. So a chain's open end is linked to a candidate that
+/// names it as predecessor and starts at or after the numbers it claims
+/// (the one with the most frames, if several do) — or, if the candidate
+/// holds frames, wherever it starts: it was the head once, so it was
+/// sealed onto this one — taking the successor's
+/// first number as the end of its own: recovery then proves it as a
+/// sealed segment (frames it holds past its stale count are kept if
+/// whole, told as gaps if not — skipped, after a process crash) and
+/// writes the seal again. Without such a loss the same shape is a spare
+/// whose appender died after preparing it and before sealing, with no
+/// append since (one since would claim the spare's first number): linking
+/// it keeps the same frames and makes the empty spare the head.
+fn relink_lost_seals(
+    pool: &Pool,
+    candidates: &[Candidate],
+    successor: &mut [Option<usize>],
+    pointed: &mut [bool],
+) {
+    for (i, c) in candidates.iter().enumerate() {
+        if successor[i].is_some() {
+            continue;
+        }
+        let Some(count) = claimed(pool, c) else {
+            continue;
+        };
+        let reach = c.header.first_seq + u64::from(count);
+        let next = (0..candidates.len())
+            .filter(|&j| {
+                let h = &candidates[j].header;
+                let state = State::decode(
+                    pool.state(candidates[j].seg.unit).load(Ordering::Relaxed),
+                    candidates[j].seg.stamp,
+                );
+                // A segment that holds frames (or has a successor) was the
+                // session's head once, so it was sealed onto its
+                // predecessor, and its verified header says where that
+                // one ended, whatever the predecessor's unchecked state
+                // word says now. An empty one may be a spare prepared
+                // before more frames went into the head: only if it
+                // starts after them.
+                let was_head = matches!(
+                    state,
+                    Some(State::Open { count: 1.., .. } | State::Last { count: 1.., .. })
+                        | Some(State::Next { .. })
+                );
+                j != i
+                    && !pointed[j]
+                    && h.prev == c.seg.pack()
+                    && h.first_seq > c.header.first_seq
+                    && (h.first_seq >= reach || was_head)
+                    && h.first_seq - c.header.first_seq <= u64::from(MAX_COUNT)
+                    && state.is_some()
+            })
+            .max_by_key(|&j| {
+                (
+                    claimed(pool, &candidates[j]).unwrap_or(0),
+                    candidates[j].header.first_seq,
+                )
+            });
+        if let Some(j) = next {
+            successor[i] = Some(j);
+            pointed[j] = true;
+        }
+    }
 }
 
 /// Frames claimed in an open (or closed-open) segment; `None` if it is
@@ -634,6 +722,50 @@ fn frame_at(
         return Found::Damaged;
     }
     Found::Proven { off, end, len }
+}
+
+/// The head's state word can count fewer frames than the head holds:
+/// after a machine restart its page may have reached the device older
+/// than the frames appended after it (the pool keeps state words apart
+/// from the segments, and the kernel writes pages back in no particular
+/// order), a single writer publishes its count after the frame (and may
+/// die between the two), and a damaged word can read as a smaller count.
+/// Frames past it, maybe acknowledged, would be zeroed by the rewind and
+/// their numbers handed out again. Each
+/// frame right after the readable ones whose table entry (the next one
+/// down) is this allocation's and names where the frame before it ends,
+/// and which stands whole, marked and checked, entirely below that entry,
+/// is claimed again — so only frames a writer of this allocation wrote
+/// whole are taken, in order, and anything else ends the search.
+fn past_the_claims(
+    pool: &Pool,
+    c: &Candidate,
+    mut count: u32,
+    mut p: Prefix,
+    check: FrameCheck,
+) -> (u32, Prefix) {
+    let segment = pool.segment(c.seg.unit, c.class);
+    let stamp = c.seg.stamp;
+    let mut payload = Vec::new();
+    while (count as usize) < segment.len() - HEADER_WORDS {
+        let slot = segment.len() - 1 - count as usize;
+        if slot < p.end + FRAME_HEADER_WORDS
+            || table_offset(segment[slot].load(Ordering::Relaxed), stamp) != Some(p.end as u32)
+        {
+            break;
+        }
+        match frame_at(segment, stamp, check, p.end, p.end, slot, &mut payload) {
+            Found::Proven { end, len, .. } => {
+                count += 1;
+                p.valid += 1;
+                p.events += 1;
+                p.bytes += u64::from(len);
+                p.end = end;
+            }
+            _ => break,
+        }
+    }
+    (count, p)
 }
 
 /// Writes a frame on the reserved stream with a zero payload, `index` of

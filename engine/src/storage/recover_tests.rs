@@ -121,8 +121,56 @@ fn a_spare_that_names_the_head_as_predecessor_never_wins_over_the_chain() {
     let w = r.windows[0].as_ref().expect("proven");
     assert_eq!(w.high_water(&after), high);
     assert_eq!(read_all(w, &after, 1), vec![(1, vec![7; 20])]);
+    // It starts right after the head's claims, so it may as well be the
+    // successor whose seal was lost: linked after the head, it becomes the
+    // (empty) head, and nothing changes for the events or their numbers.
+    assert_eq!(r.dropped_segments, 0);
+    assert_eq!(
+        SegRef::unpack(w.head_word()).map(|s| s.unit),
+        Some(0),
+        "the spare is the head"
+    );
+    assert_eq!(append(w, &after, 1, &[8; 20]), high + 1);
+    assert_eq!(
+        read_all(w, &after, 1),
+        vec![(1, vec![7; 20]), (high + 1, vec![8; 20])]
+    );
+}
+
+#[test]
+fn a_spare_prepared_before_appends_that_went_on_in_the_head_is_freed() {
+    let p = Pool::new(shape())
+        .expect("a test pool fits in memory")
+        .with_header_checks();
+    let spare = p.alloc(0).unwrap();
+    let w = Window::new();
+    append(&w, &p, 1, &[7; 20]);
+    let head = SegRef::unpack(w.head_word()).unwrap();
+    let after = restart(&p);
+    // Prepared to follow the head at number 1, when the head was empty;
+    // the head's event 1 claimed that number since.
+    put_header(
+        &after,
+        spare.unit,
+        SegmentHeader {
+            owner_tag: A.tag,
+            owner_epoch: A.epoch,
+            first_seq: 1,
+            prev: head.pack(),
+            ..SegmentHeader::default()
+        }
+        .checked(spare.stamp),
+    );
+    after.state(spare.unit).store(
+        State::Open { count: 0, used: 0 }.encode(spare.stamp),
+        Ordering::Relaxed,
+    );
+    let r = recover::recover(&after, &[A], CHECK, false);
+    let w = r.windows[0].as_ref().expect("proven");
+    assert_eq!(w.high_water(&after), 1);
+    assert_eq!(read_all(w, &after, 1), vec![(1, vec![7; 20])]);
     assert_eq!(r.dropped_segments, 1, "the spare is freed");
-    assert_eq!(after.stamp_now(0, Ordering::Relaxed) & 1, 0);
+    assert_eq!(after.stamp_now(spare.unit, Ordering::Relaxed) & 1, 0);
 }
 
 #[test]
@@ -608,4 +656,55 @@ fn after_a_machine_restart_unmarked_frames_at_the_heads_end_keep_their_numbers()
             Some(if restarted { 17 } else { 15 })
         );
     }
+}
+
+#[test]
+fn frames_past_a_state_word_that_counts_too_few_are_kept() {
+    let p = sixteen();
+    // The head holds events 13 to 16; its state word counts two of them:
+    // it reached the disk before the frames after it (the state words
+    // live apart from the segments, and pages are written back in no
+    // particular order), or a damaged word reads so.
+    for restarted in [false, true] {
+        let after = restart(&p);
+        let head = segment_starting_at(&after, 13);
+        let stamp = after.stamp_now(head, Ordering::Relaxed);
+        after.state(head).store(
+            State::Open { count: 2, used: 0 }.encode(stamp),
+            Ordering::Relaxed,
+        );
+        let r = recover::recover(&after, &[A], CHECK, restarted);
+        let w = r.windows[0].as_ref().expect("proven");
+        let (events, gaps) = read_told(w, &after, 2);
+        assert!(gaps.is_empty());
+        for (seq, bytes) in &events {
+            assert_eq!(bytes, &vec![*seq as u8; 20]);
+        }
+        let seqs: Vec<u64> = events.iter().map(|(s, _)| *s).collect();
+        // 15 and 16 stand whole past the count, their table entries this
+        // allocation's: claimed again, their numbers kept.
+        assert_eq!(
+            seqs,
+            vec![2, 4, 6, 8, 10, 12, 14, 16],
+            "restarted: {restarted}"
+        );
+        assert_eq!(r.events, 16);
+        assert_eq!(append(w, &after, 1, &[17; 20]), 17);
+    }
+    // Past the count, only frames a writer of this allocation finished, in
+    // order: a missing entry (event 15's) ends the search, and event 16 is
+    // not taken out of turn.
+    let after = restart(&p);
+    let head = segment_starting_at(&after, 13);
+    let stamp = after.stamp_now(head, Ordering::Relaxed);
+    after.state(head).store(
+        State::Open { count: 2, used: 0 }.encode(stamp),
+        Ordering::Relaxed,
+    );
+    let seg = after.segment(head, 2);
+    seg[seg.len() - 3].store(0, Ordering::Relaxed);
+    let r = recover::recover(&after, &[A], CHECK, true);
+    let w = r.windows[0].as_ref().expect("proven");
+    assert_eq!(w.high_water(&after), 14);
+    assert_eq!(r.events, 14);
 }
