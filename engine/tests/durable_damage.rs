@@ -54,6 +54,9 @@ fn payload(session: usize, stream: u32, seq: u64) -> Vec<u8> {
 /// What the undamaged directory holds.
 struct Baseline {
     pool: Vec<u8>,
+    /// The pool two thirds of the way through the appends: what a word
+    /// the kernel wrote back then, and not since, holds after a power loss.
+    earlier_pool: Vec<u8>,
     journal: Vec<u8>,
     /// Offsets of the pool's non-zero words: where the damage is aimed.
     written_words: Vec<usize>,
@@ -69,7 +72,7 @@ fn baseline() -> &'static Baseline {
     BASELINE.get_or_init(|| {
         let dir = tempfile::tempdir().unwrap();
         let mut events = HashMap::new();
-        let (ids, streams) = {
+        let (ids, streams, earlier_pool) = {
             let e = Engine::new(config(dir.path())).unwrap();
             // Past the clock's first milliseconds: no time word is zero, so
             // which words are written (and so where a case's damage lands)
@@ -81,7 +84,12 @@ fn baseline() -> &'static Baseline {
                 .iter()
                 .map(|h| vec![0, h.new_stream().unwrap()])
                 .collect();
+            let mut earlier_pool = Vec::new();
             for n in 0..EVENTS_PER_SESSION {
+                if n == EVENTS_PER_SESSION * 2 / 3 {
+                    e.sync().unwrap();
+                    earlier_pool = std::fs::read(dir.path().join(POOL_FILE)).unwrap();
+                }
                 for (i, h) in handles.iter().enumerate() {
                     let stream = streams[i][(n % 2) as usize];
                     // The sequence number is the session's next one.
@@ -93,7 +101,11 @@ fn baseline() -> &'static Baseline {
                 }
             }
             e.sync().unwrap();
-            (handles.iter().map(SessionHandle::id).collect(), streams)
+            (
+                handles.iter().map(SessionHandle::id).collect(),
+                streams,
+                earlier_pool,
+            )
         };
         let pool = std::fs::read(dir.path().join(POOL_FILE)).unwrap();
         let journal = std::fs::read(dir.path().join(JOURNAL_FILE)).unwrap();
@@ -103,6 +115,7 @@ fn baseline() -> &'static Baseline {
             .collect();
         Baseline {
             pool,
+            earlier_pool,
             journal,
             written_words,
             ids,
@@ -124,6 +137,9 @@ enum Damage {
     SetPoolWord { word: usize, value: u64 },
     /// Zero a pool word (a write that never reached the disk).
     ZeroPoolWord { word: usize },
+    /// Put back a pool word's value from two thirds of the way through
+    /// the appends (its page written back then and not since).
+    OlderPoolWord { word: usize },
     /// Flip one bit anywhere in the journal.
     FlipJournalBit { at: usize, bit: u32 },
     /// Cut the journal short.
@@ -138,13 +154,15 @@ fn damage() -> impl Strategy<Value = Damage> {
         3 => (any::<usize>(), any::<usize>()).prop_map(|(from, to)| Damage::CopyPoolWord { from, to }),
         2 => (any::<usize>(), 1..=u64::MAX).prop_map(|(word, value)| Damage::SetPoolWord { word, value }),
         2 => any::<usize>().prop_map(|word| Damage::ZeroPoolWord { word }),
+        2 => any::<usize>().prop_map(|word| Damage::OlderPoolWord { word }),
         1 => (any::<usize>(), 0u32..8).prop_map(|(at, bit)| Damage::FlipJournalBit { at, bit }),
         1 => any::<usize>().prop_map(|keep| Damage::TruncateJournal { keep }),
     ]
 }
 
 /// Applies `damage` to copies of the baseline's files; says also whether
-/// a pool word that held something was left zero.
+/// a pool word was left as a lost write leaves it: zero where it held
+/// something, or holding an earlier value.
 fn damaged(b: &Baseline, damage: &[Damage]) -> (Vec<u8>, Vec<u8>, bool) {
     let (mut pool, mut journal) = (b.pool.clone(), b.journal.clone());
     let word = |i: usize| b.written_words[i % b.written_words.len()];
@@ -153,6 +171,7 @@ fn damaged(b: &Baseline, damage: &[Damage]) -> (Vec<u8>, Vec<u8>, bool) {
     };
     let get = |pool: &Vec<u8>, at: usize| u64::from_le_bytes(pool[at..at + 8].try_into().unwrap());
     let mut zeroed = false;
+    let mut older_word = false;
     for d in damage {
         let at = match *d {
             Damage::FlipPoolBit { word: w, bit } => {
@@ -174,6 +193,12 @@ fn damaged(b: &Baseline, damage: &[Damage]) -> (Vec<u8>, Vec<u8>, bool) {
                 put(&mut pool, word(w), 0);
                 Some(word(w))
             }
+            Damage::OlderPoolWord { word: w } => {
+                let older = get(&b.earlier_pool, word(w));
+                put(&mut pool, word(w), older);
+                older_word |= older != get(&b.pool, word(w));
+                Some(word(w))
+            }
             Damage::FlipJournalBit { at, bit } => {
                 if !journal.is_empty() {
                     let n = journal.len();
@@ -189,7 +214,7 @@ fn damaged(b: &Baseline, damage: &[Damage]) -> (Vec<u8>, Vec<u8>, bool) {
         };
         zeroed |= at.is_some_and(|at| get(&pool, at) == 0);
     }
-    (pool, journal, zeroed)
+    (pool, journal, zeroed || older_word)
 }
 
 /// What a reader delivered: an event, or a gap it was told about.
@@ -290,7 +315,7 @@ proptest! {
         wipe_boot_record in any::<bool>(),
     ) {
         let b = baseline();
-        let (mut pool, journal, zeroed) = damaged(b, &damage);
+        let (mut pool, journal, lost_write) = damaged(b, &damage);
         // Half the cases as if the machine had restarted since the files
         // were written: a boot record that names no boot (as one another
         // kernel boot wrote does not name this one). Damage to the record
@@ -299,7 +324,7 @@ proptest! {
             pool[BOOT_RECORD].fill(0);
         }
         let restarted = pool[BOOT_RECORD] != b.pool[BOOT_RECORD];
-        let silent_loss_possible = zeroed && !restarted;
+        let silent_loss_possible = lost_write && !restarted;
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join(POOL_FILE), &pool).unwrap();
         std::fs::write(dir.path().join(JOURNAL_FILE), &journal).unwrap();
@@ -337,6 +362,16 @@ proptest! {
                 &|seq| b.events.get(&(i, seq)).cloned(),
                 silent_loss_possible,
             )?;
+            // No number is handed out again: a client that was delivered
+            // event n and resumes from it must not find a new event n
+            // (and those before it) taken for the one it saw.
+            prop_assert!(
+                h.high_water() >= EVENTS_PER_SESSION || silent_loss_possible,
+                "session {} restored with high water {}: numbers up to {} would be handed out again",
+                h.id(),
+                h.high_water(),
+                EVENTS_PER_SESSION
+            );
             restored.push((i, h));
         }
 
