@@ -43,10 +43,9 @@
 //! A seal can be lost — the state word written back older than the
 //! successor after a machine crash, or damaged — so an open chain end is
 //! also linked to a segment that names it as predecessor and starts after
-//! its claims, or holds frames (`relink_lost_seals`); and frames past an
-//! open head's count that stand whole where the claims' end puts them,
-//! with this allocation's table entries, are claimed again
-//! (`past_the_claims`): the count is one unchecked word.
+//! its claims, or holds frames (`relink_lost_seals`); and an open head's
+//! table entries of this allocation past its count are claims too
+//! (`claimed_by_entries`): the count is one unchecked word.
 //! A sealed segment keeps its frame count in its state word for readers,
 //! who trust it to know where the segment ends; recovery writes each kept
 //! sealed segment's word again with the count the chain proves (its
@@ -364,7 +363,7 @@ fn restore(
                 .checked_sub(c.header.first_seq)?;
             (n <= u64::from(MAX_COUNT)).then_some(n as u32)
         } else {
-            claimed(pool, c)
+            claimed(pool, c).map(|n| claimed_by_entries(pool, c, n))
         };
         let Some(count) = count else {
             // A sealed head without successor, or nonsense counts.
@@ -387,11 +386,7 @@ fn restore(
         prefixes.push(Some((count, p)));
     }
     let head = chain[head_i];
-    let (mut count, mut p) = prefixes[head_i].expect("the head's count is known");
-    if !p.damaged && p.valid == count {
-        (count, p) = past_the_claims(pool, &head, count, p, proof.check);
-        prefixes[head_i] = Some((count, p));
-    }
+    let (count, p) = prefixes[head_i].expect("the head's count is known");
     if p.damaged {
         // Sequence numbers up to the last claimed one may have been
         // acknowledged: restart the head after them, alone.
@@ -503,6 +498,36 @@ fn relink_lost_seals(
             pointed[j] = true;
         }
     }
+}
+
+/// The frames an open head's table says were claimed, when it says more
+/// than its state word's `count`. The count is one unchecked word: after
+/// a machine restart its page may have reached the device older than the
+/// table's (the pool keeps state words apart from the segments, and the
+/// kernel writes pages back in no particular order), a single writer
+/// publishes it after the frame (and can die between the two), and damage
+/// can make it read smaller. A table entry is written only by the writer
+/// of a claimed frame, so entries of this allocation past the count, one
+/// after another from the table's top, are claims: recovery proves them
+/// with the rest — a whole frame is kept, an unfinished one is dropped
+/// after a process crash (its append never returned) and told as a gap
+/// after a machine restart, a damaged one is told — instead of zeroing
+/// them and handing their numbers out again.
+fn claimed_by_entries(pool: &Pool, c: &Candidate, count: u32) -> u32 {
+    let segment = pool.segment(c.seg.unit, c.class);
+    // As many as could fit, each frame taking its header and an entry.
+    let most = (segment.len() - HEADER_WORDS) / (FRAME_HEADER_WORDS + 1);
+    let mut n = count as usize;
+    while n < most
+        && table_offset(
+            segment[segment.len() - 1 - n].load(Ordering::Relaxed),
+            c.seg.stamp,
+        )
+        .is_some_and(|off| off as usize >= HEADER_WORDS)
+    {
+        n += 1;
+    }
+    n as u32
 }
 
 /// Frames claimed in an open (or closed-open) segment; `None` if it is
@@ -722,50 +747,6 @@ fn frame_at(
         return Found::Damaged;
     }
     Found::Proven { off, end, len }
-}
-
-/// The head's state word can count fewer frames than the head holds:
-/// after a machine restart its page may have reached the device older
-/// than the frames appended after it (the pool keeps state words apart
-/// from the segments, and the kernel writes pages back in no particular
-/// order), a single writer publishes its count after the frame (and may
-/// die between the two), and a damaged word can read as a smaller count.
-/// Frames past it, maybe acknowledged, would be zeroed by the rewind and
-/// their numbers handed out again. Each
-/// frame right after the readable ones whose table entry (the next one
-/// down) is this allocation's and names where the frame before it ends,
-/// and which stands whole, marked and checked, entirely below that entry,
-/// is claimed again — so only frames a writer of this allocation wrote
-/// whole are taken, in order, and anything else ends the search.
-fn past_the_claims(
-    pool: &Pool,
-    c: &Candidate,
-    mut count: u32,
-    mut p: Prefix,
-    check: FrameCheck,
-) -> (u32, Prefix) {
-    let segment = pool.segment(c.seg.unit, c.class);
-    let stamp = c.seg.stamp;
-    let mut payload = Vec::new();
-    while (count as usize) < segment.len() - HEADER_WORDS {
-        let slot = segment.len() - 1 - count as usize;
-        if slot < p.end + FRAME_HEADER_WORDS
-            || table_offset(segment[slot].load(Ordering::Relaxed), stamp) != Some(p.end as u32)
-        {
-            break;
-        }
-        match frame_at(segment, stamp, check, p.end, p.end, slot, &mut payload) {
-            Found::Proven { end, len, .. } => {
-                count += 1;
-                p.valid += 1;
-                p.events += 1;
-                p.bytes += u64::from(len);
-                p.end = end;
-            }
-            _ => break,
-        }
-    }
-    (count, p)
 }
 
 /// Writes a frame on the reserved stream with a zero payload, `index` of

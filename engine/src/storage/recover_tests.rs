@@ -708,3 +708,58 @@ fn frames_past_a_state_word_that_counts_too_few_are_kept() {
     assert_eq!(w.high_water(&after), 14);
     assert_eq!(r.events, 14);
 }
+
+#[test]
+fn claims_past_a_state_word_that_counts_too_few_are_proven_like_the_rest() {
+    let p = sixteen();
+    let short_count = |after: &Pool| {
+        let head = segment_starting_at(after, 13);
+        let stamp = after.stamp_now(head, Ordering::Relaxed);
+        after.state(head).store(
+            State::Open { count: 2, used: 0 }.encode(stamp),
+            Ordering::Relaxed,
+        );
+    };
+    for restarted in [false, true] {
+        // Event 15's payload damaged as well: a mark, a failed check —
+        // told as a gap either way, and event 16 after it is kept.
+        let after = restart(&p);
+        short_count(&after);
+        let (seg, stamp) = {
+            let unit = segment_starting_at(&after, 13);
+            (
+                after.segment(unit, 2),
+                after.stamp_now(unit, Ordering::Relaxed),
+            )
+        };
+        let off = table_offset(seg[seg.len() - 3].load(Ordering::Relaxed), stamp).unwrap();
+        seg[off as usize + 4].fetch_xor(1, Ordering::Relaxed);
+        let r = recover::recover(&after, &[A], CHECK, restarted);
+        assert_eq!(r.damaged_frames, 1, "restarted: {restarted}");
+        let w = r.windows[0].as_ref().expect("proven");
+        let (events, gaps) = read_told(w, &after, 2);
+        let seqs: Vec<u64> = events.iter().map(|(s, _)| *s).collect();
+        assert_eq!(seqs, vec![2, 4, 6, 8, 10, 12, 14, 16]);
+        assert_eq!(gaps, vec![15]);
+        assert_eq!(append(w, &after, 1, &[17; 20]), 17);
+
+        // Event 16 unmarked past the short count: after a process crash
+        // an append that never returned (dropped, its number free); after
+        // a machine restart maybe delivered (told, its number kept).
+        let after = restart(&p);
+        short_count(&after);
+        unmark(&after, 13, 3);
+        let r = recover::recover(&after, &[A], CHECK, restarted);
+        let w = r.windows[0].as_ref().expect("proven");
+        let (events, gaps) = read_told(w, &after, 2);
+        let seqs: Vec<u64> = events.iter().map(|(s, _)| *s).collect();
+        assert_eq!(seqs, vec![2, 4, 6, 8, 10, 12, 14]);
+        if restarted {
+            assert_eq!(gaps, vec![16]);
+            assert_eq!(append(w, &after, 1, &[17; 20]), 17);
+        } else {
+            assert!(gaps.is_empty());
+            assert_eq!(append(w, &after, 1, &[16; 20]), 16);
+        }
+    }
+}
