@@ -94,11 +94,12 @@
 //! window would hand out again the numbers its events had.
 //!
 //! Cost: one pass over the stamps (two words per unit, outside the data)
-//! of the units at and above the pool's allocation mark (of every unit
-//! after a machine restart, when the mark's page may be a stale one) — the lowest unit
+//! of the units at and above the pool's allocation mark — the lowest unit
 //! ever allocated; allocation takes the highest free block first, so that
-//! is the most the pool ever held —, the headers of owned segments, and the
-//! frames of the restored chains; the units below the mark are neither
+//! is the most the pool ever held; every unit after a machine restart,
+//! when the mark's page may be a stale one —, the headers of owned
+//! segments, and the frames of the restored chains; the units below the
+//! mark are neither
 //! read nor written (the pool hands them out later, block by block, once
 //! its free lists run dry). So recovery follows what the pool holds (at
 //! most what it ever held), not its configured size.
@@ -452,15 +453,28 @@ fn relink_lost_seals(
     successor: &mut [Option<usize>],
     pointed: &mut [bool],
 ) {
+    // Candidates no seal points to, by the predecessor they name: one
+    // pass, so a session of many segments costs no more than its scan.
+    let mut naming: HashMap<u64, Vec<usize>> = HashMap::new();
+    for (j, c) in candidates.iter().enumerate() {
+        if !pointed[j] {
+            naming.entry(c.header.prev).or_default().push(j);
+        }
+    }
     for (i, c) in candidates.iter().enumerate() {
         if successor[i].is_some() {
             continue;
         }
+        let Some(named) = naming.get(&c.seg.pack()) else {
+            continue;
+        };
         let Some(count) = claimed(pool, c) else {
             continue;
         };
         let reach = c.header.first_seq + u64::from(count);
-        let next = (0..candidates.len())
+        let next = named
+            .iter()
+            .copied()
             .filter(|&j| {
                 let h = &candidates[j].header;
                 let state = State::decode(
@@ -481,7 +495,6 @@ fn relink_lost_seals(
                 );
                 j != i
                     && !pointed[j]
-                    && h.prev == c.seg.pack()
                     && h.first_seq > c.header.first_seq
                     && (h.first_seq >= reach || was_head)
                     && h.first_seq - c.header.first_seq <= u64::from(MAX_COUNT)
