@@ -159,6 +159,35 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+impl Drop for Shared {
+    /// A durable engine's clean close: the pool and the journal forced to
+    /// the device, then the boot record marked closed cleanly (and that
+    /// page forced too), so the next open — after a reboot as well — knows
+    /// nothing was left unwritten and needs no full scan. If a sync fails,
+    /// the record stays "open", and the next open after a machine restart
+    /// is as careful as after a crash.
+    fn drop(&mut self) {
+        use crate::durable::header::{self, Boot, HEADER_BYTES};
+        if self.durable.is_none() || self.sync_durable().is_err() {
+            return;
+        }
+        let Some(map) = self.pool.backing_mut().mapped_file() else {
+            return;
+        };
+        let page = &mut map[..HEADER_BYTES];
+        if let Some(boot) = header::read_boot(page) {
+            header::write_boot(
+                page,
+                Boot {
+                    closed_cleanly: true,
+                    ..boot
+                },
+            );
+            let _ = map.flush_range(0, HEADER_BYTES);
+        }
+    }
+}
+
 impl Shared {
     pub(crate) fn new(config: Config, policy: Arc<dyn Policy>) -> Result<Shared, ConfigError> {
         config.validate()?;

@@ -145,8 +145,10 @@ impl FileHeader {
     }
 }
 
-/// Which boot of the machine's kernel last opened the file: its
-/// `boot_id`, written at every open. Not part of the checksummed header
+/// Which boot of the machine's kernel last opened the file (its
+/// `boot_id`), and whether that open ended in a clean close: written at
+/// every open (not clean), and again by a close that first forced
+/// everything to the device (clean). Not part of the checksummed header
 /// (its own check guards it), so files of every format carry it without
 /// a format change.
 ///
@@ -161,8 +163,20 @@ impl FileHeader {
 struct BootRecord {
     magic: [u8; 8],
     boot_id: [u8; 16],
+    /// 1 when the engine that opened the file closed it after forcing the
+    /// pool and the journal to the device; 0 while it is open.
+    closed_cleanly: u64,
     /// CRC-32 of the bytes before this field, in the low half.
     check: u64,
+}
+
+/// What a boot record says.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Boot {
+    /// The kernel boot that opened the file last (zeros if it had none).
+    pub(crate) id: [u8; 16],
+    /// Whether that open ended in a clean close.
+    pub(crate) closed_cleanly: bool,
 }
 
 const BOOT_RECORD_SIZE: usize = std::mem::size_of::<BootRecord>();
@@ -177,20 +191,24 @@ impl BootRecord {
     }
 }
 
-/// The kernel boot the header page's boot record names, if it holds a
-/// valid one (none in a file no build with boot records has opened, or
-/// after a torn write).
-pub(crate) fn read_boot(page: &[u8]) -> Option<[u8; 16]> {
+/// What the header page's boot record says, if it holds a valid one
+/// (none in a file no build with boot records has opened, or after a torn
+/// write).
+pub(crate) fn read_boot(page: &[u8]) -> Option<Boot> {
     let at = BOOT_RECORD_OFFSET;
     let r: BootRecord = bytemuck::pod_read_unaligned(&page[at..at + BOOT_RECORD_SIZE]);
-    (r.magic == BOOT_MAGIC && r.check == r.computed_check()).then_some(r.boot_id)
+    (r.magic == BOOT_MAGIC && r.check == r.computed_check()).then_some(Boot {
+        id: r.boot_id,
+        closed_cleanly: r.closed_cleanly == 1,
+    })
 }
 
-/// Writes a boot record naming `boot_id` into the header page.
-pub(crate) fn write_boot(page: &mut [u8], boot_id: [u8; 16]) {
+/// Writes a boot record into the header page.
+pub(crate) fn write_boot(page: &mut [u8], boot: Boot) {
     let mut r = BootRecord {
         magic: BOOT_MAGIC,
-        boot_id,
+        boot_id: boot.id,
+        closed_cleanly: u64::from(boot.closed_cleanly),
         check: 0,
     };
     r.check = r.computed_check();
@@ -219,14 +237,20 @@ fn parse_boot_id(text: &str) -> Option<[u8; 16]> {
     Some(id)
 }
 
-/// Whether the machine may have restarted since the file was last open:
-/// the boot record names another boot than this one, or either is
-/// unknown (a file last opened by a build without boot records, a torn
-/// record, a system without a boot id). Unknown counts as restarted: the
-/// cost of that answer is only that frames found unfinished are told as
-/// gaps instead of skipped in silence.
-pub(crate) fn machine_restarted(recorded: Option<[u8; 16]>, now: Option<[u8; 16]>) -> bool {
-    recorded.is_none() || now.is_none() || recorded != now
+/// Whether writes of the file's last open may have been lost with the
+/// machine: its record says it was not closed cleanly and names another
+/// boot than this one, or either is unknown (a file last opened by a
+/// build without boot records, a torn record, a system without a boot
+/// id). Unknown counts as restarted: that answer costs a full scan of the
+/// pool's stamps and gap notices for frames found unfinished, never a
+/// silent loss. A clean close forced everything to the device first, so
+/// after one nothing was lost, whatever the machine did since.
+pub(crate) fn machine_restarted(recorded: Option<Boot>, now: Option<[u8; 16]>) -> bool {
+    match (recorded, now) {
+        (Some(r), _) if r.closed_cleanly => false,
+        (Some(r), Some(now)) => r.id != now,
+        _ => true,
+    }
 }
 
 /// A pool shape in words, for messages.
@@ -301,8 +325,12 @@ mod tests {
         let id = parse_boot_id("0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0\n").unwrap();
         assert_eq!(id[0], 0x0f);
         assert_eq!(id[15], 0xf0);
-        write_boot(&mut page, id);
-        assert_eq!(read_boot(&page), Some(id));
+        let open = Boot {
+            id,
+            closed_cleanly: false,
+        };
+        write_boot(&mut page, open);
+        assert_eq!(read_boot(&page), Some(open));
         // The header copies are untouched by it.
         assert_eq!(newest(&page).map(|(h, _)| h.boot_counter), Ok(2));
         assert!(!machine_restarted(read_boot(&page), Some(id)));
@@ -310,6 +338,17 @@ mod tests {
         other[3] ^= 1;
         assert!(machine_restarted(read_boot(&page), Some(other)));
         assert!(machine_restarted(read_boot(&page), None));
+        // Closed cleanly: nothing was left unwritten, whatever boot comes.
+        write_boot(
+            &mut page,
+            Boot {
+                closed_cleanly: true,
+                ..open
+            },
+        );
+        assert!(!machine_restarted(read_boot(&page), Some(other)));
+        assert!(!machine_restarted(read_boot(&page), None));
+        write_boot(&mut page, open);
         // A torn record (one byte of the id changed) is no record.
         page[BOOT_RECORD_OFFSET + 9] ^= 0x10;
         assert_eq!(read_boot(&page), None);

@@ -229,15 +229,22 @@ pub(crate) fn open(dir: &Path, shape: PoolShape, sync_each: bool) -> Result<Open
     current.seal();
     // Into the other copy: a torn write leaves the one we read intact.
     current.write(&mut map[..HEADER_BYTES], 1 - which);
-    // Which kernel boot wrote last, then this one. No order to keep with
-    // the appends: after a machine crash the boot is a new one, whatever
-    // the file says.
+    // Which kernel boot opened the file last, and whether it closed it
+    // cleanly; then this boot, open.
     let now = header::current_boot();
     let machine_restarted =
         !created && header::machine_restarted(header::read_boot(&map[..HEADER_BYTES]), now);
-    if let Some(now) = now {
-        header::write_boot(&mut map[..HEADER_BYTES], now);
-    }
+    // Open, not closed cleanly, until a clean close says otherwise; on
+    // the device (the flush below) before anything is appended, so a
+    // crash of this run can never be read as a clean close of an earlier
+    // one.
+    header::write_boot(
+        &mut map[..HEADER_BYTES],
+        header::Boot {
+            id: now.unwrap_or_default(),
+            closed_cleanly: false,
+        },
+    );
     map.flush_range(0, HEADER_BYTES)
         .map_err(|e| DataDirError::io(&path, "write header", e))?;
 

@@ -142,6 +142,20 @@ impl Backing {
         }
     }
 
+    /// The whole mapped file of a durable pool (its header page included),
+    /// for the writes a clean close makes there; `None` for memory.
+    #[cfg(not(loom))]
+    pub(crate) fn mapped_file(&mut self) -> Option<&mut memmap2::MmapMut> {
+        match &mut self.owner {
+            Owner::Mapped(map) => Some(map),
+            #[allow(
+                unreachable_patterns,
+                reason = "under miri the heap is the other backing"
+            )]
+            _ => None,
+        }
+    }
+
     /// How many words the backing holds.
     pub(crate) fn len(&self) -> usize {
         self.len

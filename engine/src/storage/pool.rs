@@ -378,6 +378,13 @@ impl Pool {
         self.backing.word(self.words_at + i)
     }
 
+    /// The backing, to write beside the pool's words (a durable pool's
+    /// header page at a clean close). Needs the pool unshared.
+    #[cfg(not(loom))]
+    pub(crate) fn backing_mut(&mut self) -> &mut Backing {
+        &mut self.backing
+    }
+
     /// The allocation mark's word, for a pool that has one.
     fn mark_word(&self) -> Option<&AtomicU64> {
         (self.words_at == 1).then(|| self.backing.word(0))
