@@ -815,9 +815,9 @@ fn after_a_machine_restart_a_frame_whose_mark_never_reached_the_disk_is_told_as_
         assert_ne!(pool[mark..mark + 8], [0; 8]);
         pool[mark..mark + 8].fill(0);
         if restarted {
-            // The boot record (header page, bytes 1024..1056) as another
+            // The boot record (header page, bytes 1024..1064) as another
             // kernel boot leaves it for this one: naming no boot of ours.
-            pool[1024..1056].fill(0);
+            pool[1024..1064].fill(0);
         }
         std::fs::write(&path, &pool).unwrap();
 

@@ -26,7 +26,7 @@ const EVENTS_PER_SESSION: u64 = 60;
 const POOL_FILE: &str = "pool";
 /// Where the pool file's header page keeps its boot record (which kernel
 /// boot last opened the file), and its length.
-const BOOT_RECORD: std::ops::Range<usize> = 1024..1056;
+const BOOT_RECORD: std::ops::Range<usize> = 1024..1064;
 const JOURNAL_FILE: &str = "sessions.journal";
 
 fn config(dir: &Path) -> Config {
