@@ -219,7 +219,7 @@ impl SessionHandle {
         let check = shared
             .durable
             .as_ref()
-            .map_or(0, |d| d.frame_check.of(stream, payload));
+            .map_or(0, |d| d.frame_check.of((s.tag, s.epoch), stream, payload));
         let mut reclaimed = 0;
         let seq = loop {
             match window_append(shared, now, check) {

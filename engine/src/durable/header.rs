@@ -19,7 +19,7 @@ use crate::storage::PoolShape;
 /// The first eight bytes of every pool file.
 pub(crate) const MAGIC: [u8; 8] = *b"RWNDPOOL";
 /// The format this build writes (5: the allocation mark carries a check of
-/// itself; 4: a frame's check covers its stream id as well as its payload;
+/// itself, and a frame's check covers the session that appended it; 4: a frame's check covers its stream id as well as its payload;
 /// 3: the header page ends with the pool's allocation mark; 2: segment
 /// headers carry a check bound to their allocation). A file keeps the
 /// format it was made with; its frames and mark are read as that format

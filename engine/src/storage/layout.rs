@@ -313,8 +313,9 @@ pub(crate) fn is_gap_marker(meta_word: u64, ms: u64) -> bool {
 }
 
 /// What a durable pool's frame check (the low half of its meta word)
-/// covers, by the pool file's format: from format 4 the frame's stream id
-/// and its payload, so a damaged stream id cannot move an event to another
+/// covers, by the pool file's format: from format 5 the session that
+/// appended it, its stream id and its payload; in format 4 the stream id
+/// and the payload, so a damaged stream id cannot move an event to another
 /// stream; in files of formats 2 and 3 (which keep their format) the
 /// payload alone.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -328,26 +329,41 @@ pub(crate) enum FrameCheck {
     /// check; a CRC fed the id and then the payload cost 3–4 ns more
     /// (BENCHMARKS.md, run AP).
     StreamAndPayload,
+    /// [`FrameCheck::StreamAndPayload`] XOR a hash of the appending
+    /// session's owner tag and epoch (format 5): a frame that recovery
+    /// finds in a segment of another session — words a unit kept from an
+    /// earlier allocation, after a machine crash brought back an older
+    /// stamp — fails its check, and becomes a told gap instead of another
+    /// session's event.
+    OwnerStreamAndPayload,
 }
 
 impl FrameCheck {
     /// The check a file of format `version` gives its frames.
     pub(crate) fn for_version(version: u32) -> FrameCheck {
-        if version >= 4 {
+        if version >= 5 {
+            FrameCheck::OwnerStreamAndPayload
+        } else if version == 4 {
             FrameCheck::StreamAndPayload
         } else {
             FrameCheck::Payload
         }
     }
 
-    /// The check of a frame of `stream` holding `payload`. Inlined into
-    /// the durable append, which knows its variant's branch best.
+    /// The check of a frame the session of owner tag `tag` and epoch
+    /// `epoch` appended to `stream`, holding `payload`. Inlined into the
+    /// durable append, which knows its variant's branch best.
     #[inline]
-    pub(crate) fn of(self, stream: u32, payload: &[u8]) -> u32 {
+    pub(crate) fn of(self, (tag, epoch): (u64, u64), stream: u32, payload: &[u8]) -> u32 {
+        let stream_hash = || stream.wrapping_add(1).wrapping_mul(0x9E37_79B1);
         match self {
             FrameCheck::Payload => crc32fast::hash(payload),
-            FrameCheck::StreamAndPayload => {
-                crc32fast::hash(payload) ^ stream.wrapping_add(1).wrapping_mul(0x9E37_79B1)
+            FrameCheck::StreamAndPayload => crc32fast::hash(payload) ^ stream_hash(),
+            FrameCheck::OwnerStreamAndPayload => {
+                // The owner folded to 32 bits by a multiply whose high half
+                // mixes every bit of tag and epoch.
+                let o = (tag ^ epoch.rotate_left(29)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+                crc32fast::hash(payload) ^ stream_hash() ^ (o >> 32) as u32
             }
         }
     }
@@ -377,6 +393,28 @@ pub(crate) fn fits(segment_words: usize, count: u32, used: u32, frame_bytes: usi
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_format_5_frame_check_binds_the_session_the_stream_and_the_payload() {
+        let check = FrameCheck::for_version(5);
+        assert_eq!(check, FrameCheck::OwnerStreamAndPayload);
+        let of = |owner, stream, payload: &[u8]| check.of(owner, stream, payload);
+        let base = of((0xa, 1), 3, b"payload");
+        // Another tag, another epoch (the same session id's next
+        // incarnation), another stream, another byte: another check.
+        assert_ne!(of((0xb, 1), 3, b"payload"), base);
+        assert_ne!(of((0xa, 2), 3, b"payload"), base);
+        assert_ne!(of((0xa, 1), 4, b"payload"), base);
+        assert_ne!(of((0xa, 1), 3, b"paylaod"), base);
+        // Tag and epoch are not interchangeable.
+        assert_ne!(of((1, 0xa), 3, b"payload"), base);
+        // Format 4 ignores the owner; formats 2 and 3 the stream too.
+        let v4 = FrameCheck::for_version(4);
+        assert_eq!(v4.of((0xa, 1), 3, b"p"), v4.of((0xb, 9), 3, b"p"));
+        let v3 = FrameCheck::for_version(3);
+        assert_eq!(v3.of((0xa, 1), 3, b"p"), v3.of((0xb, 9), 4, b"p"));
+        assert_eq!(FrameCheck::for_version(2), v3);
+    }
 
     #[test]
     fn states_round_trip_and_belong_to_their_allocation() {

@@ -285,6 +285,20 @@ struct Proof {
     restarted: bool,
 }
 
+/// A frame check bound to the session whose segment is proven (format 5
+/// checks cover it).
+#[derive(Clone, Copy, Debug)]
+struct Checker {
+    check: FrameCheck,
+    owner: (u64, u64),
+}
+
+impl Checker {
+    fn of(self, stream: u32, payload: &[u8]) -> u32 {
+        self.check.of(self.owner, stream, payload)
+    }
+}
+
 /// Restores one owner's window from its candidate segments.
 fn restore(
     pool: &Pool,
@@ -573,7 +587,10 @@ fn claimed(pool: &Pool, c: &Candidate) -> Option<u32> {
 /// for the caller to drop. Only when the holes' room cannot be laid out
 /// again (the claims do not fit the segment) is the result `damaged`.
 fn prove(pool: &Pool, c: &Candidate, count: u32, sealed: bool, proof: Proof) -> Prefix {
-    let check = proof.check;
+    let check = Checker {
+        check: proof.check,
+        owner: (c.header.owner_tag, c.header.owner_epoch),
+    };
     let segment = pool.segment(c.seg.unit, c.class);
     let stamp = c.seg.stamp;
     // Each frame takes its header words and a table entry: more claims
@@ -731,7 +748,7 @@ fn prove(pool: &Pool, c: &Candidate, count: u32, sealed: bool, proof: Proof) -> 
 fn frame_at(
     segment: &[AtomicU64],
     stamp: u32,
-    check: FrameCheck,
+    check: Checker,
     off: usize,
     low: usize,
     table_low: usize,
@@ -769,7 +786,7 @@ fn frame_at(
 fn placeholder(
     segment: &[AtomicU64],
     stamp: u32,
-    check: FrameCheck,
+    check: Checker,
     index: usize,
     at: usize,
     words: usize,

@@ -3,13 +3,13 @@
 //! maps), the crash is simulated on the copy, and recovery runs on it.
 
 use super::backing::Backing;
-use super::layout::{table_offset, SegRef, SegmentHeader, State, HEADER_WORDS};
+use super::layout::{table_offset, SegRef, SegmentHeader, State, FRAME_HEADER_WORDS, HEADER_WORDS};
 use super::*;
 use crate::sync::{AtomicU64, Ordering};
 
 const A: Owner = Owner { tag: 0xa, epoch: 1 };
 /// The check the files this build makes give their frames.
-const CHECK: FrameCheck = FrameCheck::StreamAndPayload;
+const CHECK: FrameCheck = FrameCheck::OwnerStreamAndPayload;
 
 fn shape() -> PoolShape {
     PoolShape {
@@ -57,8 +57,16 @@ fn p_words(p: &Pool) -> Vec<u64> {
 /// A pool crc-checked like a durable one: every payload's check is its
 /// CRC-32.
 fn append(w: &Window, p: &Pool, stream: u32, payload: &[u8]) -> u64 {
-    w.append(p, A, &keep(), stream, 0, payload, CHECK.of(stream, payload))
-        .unwrap()
+    w.append(
+        p,
+        A,
+        &keep(),
+        stream,
+        0,
+        payload,
+        CHECK.of((A.tag, A.epoch), stream, payload),
+    )
+    .unwrap()
 }
 
 fn read_all(w: &Window, p: &Pool, stream: u32) -> Vec<(u64, Vec<u8>)> {
@@ -763,3 +771,66 @@ fn claims_past_a_state_word_that_counts_too_few_are_proven_like_the_rest() {
         }
     }
 }
+
+#[test]
+fn a_frame_of_another_session_under_this_segments_mark_fails_a_format_5_check() {
+    // Stale words: a unit holding another session's frame where this
+    // segment's frame was lost, under this allocation's mark (what a
+    // stamp written back older than later data can make of a unit after
+    // a machine crash). Format 4's check covers stream and payload, both
+    // as B wrote them, and so passes; format 5's covers the session too.
+    const B: Owner = Owner { tag: 0xb, epoch: 7 };
+    for check in [
+        FrameCheck::StreamAndPayload,
+        FrameCheck::OwnerStreamAndPayload,
+    ] {
+        let p = Pool::new(shape())
+            .expect("a test pool fits in memory")
+            .with_header_checks();
+        let (wa, wb) = (Window::new(), Window::new());
+        for i in 1..=3u8 {
+            let a = [i; 20];
+            wa.append(&p, A, &keep(), 1, 0, &a, check.of((A.tag, A.epoch), 1, &a))
+                .unwrap();
+            let b = [0xb0 | i; 20];
+            wb.append(&p, B, &keep(), 1, 0, &b, check.of((B.tag, B.epoch), 1, &b))
+                .unwrap();
+        }
+        let after = restart(&p);
+        // A's segments: 1 frame, then 3 (events 2 to 4 — here 2 and 3).
+        // Event 2 is the second segment's first frame; B's event 2 the
+        // same in B's chain. Copy B's meta, time and payload over A's.
+        let frame = |owner: Owner| {
+            let unit = (0..shape().units)
+                .find(|&u| {
+                    let w = after.segment(u, 0);
+                    after.stamp_now(u, Ordering::Relaxed) & 1 == 1
+                        && w[1].load(Ordering::Relaxed) == owner.tag
+                        && w[3].load(Ordering::Relaxed) == 2
+                })
+                .expect("the segment starting at 2");
+            let seg = after.segment(unit, 1);
+            let stamp = after.stamp_now(unit, Ordering::Relaxed);
+            let off = table_offset(seg[seg.len() - 1].load(Ordering::Relaxed), stamp).unwrap();
+            (seg, off as usize)
+        };
+        let (a_seg, a_off) = frame(A);
+        let (b_seg, b_off) = frame(B);
+        for k in 1..FRAME_WORDS_OF_20 {
+            a_seg[a_off + k].store(b_seg[b_off + k].load(Ordering::Relaxed), Ordering::Relaxed);
+        }
+        let r = recover::recover(&after, &[A, B], check, false);
+        let w = r.windows[0].as_ref().expect("proven");
+        let (events, gaps) = read_told(w, &after, 1);
+        if check == FrameCheck::OwnerStreamAndPayload {
+            assert_eq!(gaps, vec![2], "told, not delivered");
+            assert!(events.iter().all(|(s, b)| b == &vec![*s as u8; 20]));
+        } else {
+            // The hazard format 5 closes: B's event read as A's event 2.
+            assert!(events.contains(&(2, vec![0xb2; 20])), "{events:?}");
+        }
+    }
+}
+
+/// Words of a frame holding 20 bytes: header, then three payload words.
+const FRAME_WORDS_OF_20: usize = FRAME_HEADER_WORDS + 3;
