@@ -48,9 +48,10 @@ pub struct CheckReport {
     pub unverified_headers: u64,
     /// Journal records skipped as torn or damaged.
     pub torn_records: usize,
-    /// Whether the machine may have restarted since the directory was last
-    /// open (its boot record names another kernel boot, or none): a
-    /// restart now would tell every unfinished frame as a gap.
+    /// Whether writes of the directory's last open may have been lost with
+    /// the machine (its boot record says it was not closed cleanly and
+    /// names another kernel boot, or there is none): a restart now would
+    /// read every unit and tell every unfinished frame as a gap.
     pub machine_restarted: bool,
     /// Unfinished frames a restart would tell as gaps (after a machine
     /// restart; see [`RecoveryReport::unconfirmed_frames`](super::RecoveryReport::unconfirmed_frames)).

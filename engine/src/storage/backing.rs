@@ -148,10 +148,6 @@ impl Backing {
     pub(crate) fn mapped_file(&mut self) -> Option<&mut memmap2::MmapMut> {
         match &mut self.owner {
             Owner::Mapped(map) => Some(map),
-            #[allow(
-                unreachable_patterns,
-                reason = "under miri the heap is the other backing"
-            )]
             _ => None,
         }
     }
