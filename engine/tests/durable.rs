@@ -676,19 +676,24 @@ fn the_sweep_rewrites_a_grown_journal_and_a_restart_still_finds_exactly_the_live
     assert_eq!(replay_all(&later, 0), vec![(1, b"later".to_vec())]);
 }
 
+/// A 64 MiB pool: room for a mark far above a few small sessions.
+fn big_config(dir: &Path) -> Config {
+    let mut c = config(dir);
+    c.global_bytes = 64 << 20;
+    c
+}
+
+/// Its units: 512 bytes of data and two words of stamp and state each.
+const BIG_UNITS: u64 = (64 << 20) / 528;
+
 #[test]
 fn recovery_reads_only_the_units_the_pool_ever_used() {
     // A 64 MiB pool (127,100 units) holding a few small sessions: recovery
     // reads the stamps of the units at and above the allocation mark, the
     // most the pool ever held, not of the whole pool.
     let dir = tempfile::tempdir().unwrap();
-    let big = || {
-        let mut c = config(dir.path());
-        c.global_bytes = 64 << 20;
-        c
-    };
-    // 512 bytes of data and two words of stamp and state per unit.
-    let units = (64u64 << 20) / 528;
+    let big = || big_config(dir.path());
+    let units = BIG_UNITS;
     let ids: Vec<_> = {
         let e = Engine::new(big()).unwrap();
         assert_eq!(e.recovery().unwrap().scanned_units, 0, "a new pool");
@@ -880,12 +885,8 @@ fn closed_cleanly(dir: &Path) -> u64 {
 #[test]
 fn a_clean_close_spares_the_next_boot_a_full_scan_and_a_crash_does_not() {
     let dir = tempfile::tempdir().unwrap();
-    let big = || {
-        let mut c = config(dir.path());
-        c.global_bytes = 64 << 20;
-        c
-    };
-    let units = (64u64 << 20) / 528;
+    let big = || big_config(dir.path());
+    let units = BIG_UNITS;
     {
         let e = Engine::new(big()).unwrap();
         let h = e.open(None).unwrap();

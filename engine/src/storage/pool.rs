@@ -395,12 +395,17 @@ impl Pool {
     /// mark is unknown: not a mark of the file's format, or beyond the
     /// last unit — damage, which must make recovery read more, never less).
     pub(crate) fn allocation_mark(&self) -> u32 {
-        self.mark_word().map_or(0, |m| {
-            self.mark_format
-                .decode(m.load(Ordering::Relaxed))
-                .filter(|&v| v <= self.shape.units)
-                .unwrap_or(0)
-        })
+        self.mark_word()
+            .and_then(|m| self.valid_mark(m))
+            .unwrap_or(0)
+    }
+
+    /// The unit `mark` says, if it is a mark of the file's format within
+    /// the pool.
+    fn valid_mark(&self, mark: &AtomicU64) -> Option<u32> {
+        self.mark_format
+            .decode(mark.load(Ordering::Relaxed))
+            .filter(|&v| v <= self.shape.units)
     }
 
     /// After recovery: the mark becomes the lower of what it said (if it
@@ -413,11 +418,7 @@ impl Pool {
             return;
         };
         let units = self.shape.units;
-        let said = self
-            .mark_format
-            .decode(mark.load(Ordering::Relaxed))
-            .filter(|&v| v <= units)
-            .unwrap_or(units);
+        let said = self.valid_mark(mark).unwrap_or(units);
         let settled = said.min(lowest_used.unwrap_or(units));
         let word = self.mark_format.encode(settled);
         if mark.load(Ordering::Relaxed) != word {

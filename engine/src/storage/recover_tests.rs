@@ -107,24 +107,7 @@ fn a_spare_that_names_the_head_as_predecessor_never_wins_over_the_chain() {
     let high = w.high_water(&p);
     let after = restart(&p);
     // An appender prepared `spare` to follow the head, then died.
-    let header = SegmentHeader {
-        owner_tag: A.tag,
-        owner_epoch: A.epoch,
-        first_seq: high + 1,
-        prev: head.pack(),
-        ..SegmentHeader::default()
-    }
-    .checked(spare.stamp);
-    for (word, v) in after.segment(0, 0)[..HEADER_WORDS]
-        .iter()
-        .zip(header.to_words())
-    {
-        word.store(v, Ordering::Relaxed);
-    }
-    after.state(0).store(
-        State::Open { count: 0, used: 0 }.encode(spare.stamp),
-        Ordering::Relaxed,
-    );
+    prepare_spare(&after, spare, high + 1, head);
     let r = recover::recover(&after, &[A], CHECK, false);
     let w = r.windows[0].as_ref().expect("proven");
     assert_eq!(w.high_water(&after), high);
@@ -157,22 +140,7 @@ fn a_spare_prepared_before_appends_that_went_on_in_the_head_is_freed() {
     let after = restart(&p);
     // Prepared to follow the head at number 1, when the head was empty;
     // the head's event 1 claimed that number since.
-    put_header(
-        &after,
-        spare.unit,
-        SegmentHeader {
-            owner_tag: A.tag,
-            owner_epoch: A.epoch,
-            first_seq: 1,
-            prev: head.pack(),
-            ..SegmentHeader::default()
-        }
-        .checked(spare.stamp),
-    );
-    after.state(spare.unit).store(
-        State::Open { count: 0, used: 0 }.encode(spare.stamp),
-        Ordering::Relaxed,
-    );
+    prepare_spare(&after, spare, 1, head);
     let r = recover::recover(&after, &[A], CHECK, false);
     let w = r.windows[0].as_ref().expect("proven");
     assert_eq!(w.high_water(&after), 1);
@@ -218,6 +186,28 @@ fn an_unfinished_frame_between_finished_ones_becomes_a_skipped_placeholder() {
         assert_eq!(bytes, vec![seq as u8; 20]);
     }
     assert_eq!(append(w, &after, 1, b"next"), 17);
+}
+
+/// Makes `spare` what an appender leaves when it dies after preparing a
+/// segment to follow `head` at `first_seq`, before sealing: its header
+/// (checked) and an open, empty state.
+fn prepare_spare(after: &Pool, spare: SegRef, first_seq: u64, head: SegRef) {
+    put_header(
+        after,
+        spare.unit,
+        SegmentHeader {
+            owner_tag: A.tag,
+            owner_epoch: A.epoch,
+            first_seq,
+            prev: head.pack(),
+            ..SegmentHeader::default()
+        }
+        .checked(spare.stamp),
+    );
+    after.state(spare.unit).store(
+        State::Open { count: 0, used: 0 }.encode(spare.stamp),
+        Ordering::Relaxed,
+    );
 }
 
 /// The unit of the owned segment whose first frame is `first_seq`.
