@@ -233,7 +233,7 @@ impl Engine {
     pub fn decide(&self, facts: ResumeFacts) -> Decided {
         let mut facts = facts;
         if facts.max_resume_age_ms == 0 {
-            facts.max_resume_age_ms = self.shared.max_resume_age_ms();
+            facts.max_resume_age_ms = self.shared.max_resume_age_ms;
         }
         self.shared.judge(facts.with_safe_set())
     }
@@ -269,15 +269,6 @@ impl Shared {
         let (verdict, fault) = clamp(facts, answer);
         self.metrics.verdict(verdict, fault);
         (verdict, answer.generation, fault)
-    }
-
-    /// [`Config::max_resume_age`](crate::Config::max_resume_age) as the
-    /// policy sees it (0: not set).
-    #[inline(always)]
-    fn max_resume_age_ms(&self) -> u64 {
-        self.config.max_resume_age.map_or(0, |d| {
-            u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
-        })
     }
 
     /// Fills `facts` for `req` (safe set included) and returns what was
@@ -318,7 +309,7 @@ impl Shared {
             (Some(Ok(_)), None) => SessionFact::Unknown,
         };
         *facts = ResumeFacts::new(session_fact, CursorFact::Absent);
-        facts.max_resume_age_ms = self.max_resume_age_ms();
+        facts.max_resume_age_ms = self.max_resume_age_ms;
         let mut placed = None;
         let cursor_fact = match (cursor, &session) {
             (None, _) => CursorFact::Absent,

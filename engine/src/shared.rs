@@ -112,6 +112,12 @@ pub(crate) struct Shared {
     pub(crate) clock: Clock,
     pub(crate) pool: Pool,
     pub(crate) keep: Retention,
+    /// [`Config::idle_ttl`] in milliseconds, converted once: every lookup
+    /// of a live session compares against it.
+    ttl_ms: u64,
+    /// [`Config::max_resume_age`] as the policy sees it (0: not set),
+    /// converted once: every resume hands it to the policy.
+    pub(crate) max_resume_age_ms: u64,
     /// Live sessions per principal (only principals that hold one).
     principals: Mutex<HashMap<Box<str>, usize>>,
     /// Segments of ended sessions that a writer was still filling.
@@ -319,6 +325,10 @@ impl Shared {
             clock,
             pool,
             keep: config.retention(),
+            ttl_ms: u64::try_from(config.idle_ttl.as_millis()).unwrap_or(u64::MAX),
+            max_resume_age_ms: config.max_resume_age.map_or(0, |d| {
+                u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
+            }),
             principals: Mutex::new(HashMap::new()),
             deferred: Mutex::new(Vec::new()),
             reclaiming: AtomicBool::new(false),
@@ -356,12 +366,8 @@ impl Shared {
         self.clock.now_ms()
     }
 
-    fn ttl_ms(&self) -> u64 {
-        u64::try_from(self.config.idle_ttl.as_millis()).unwrap_or(u64::MAX)
-    }
-
     pub(crate) fn is_expired(&self, s: &Session, now_ms: u64) -> bool {
-        now_ms.saturating_sub(s.last_active_ms.load(Ordering::Relaxed)) > self.ttl_ms()
+        now_ms.saturating_sub(s.last_active_ms.load(Ordering::Relaxed)) > self.ttl_ms
     }
 
     /// The session `id` if it is live and not past its TTL (an expired one

@@ -555,6 +555,18 @@ impl Pool {
         self.data_base + unit as usize * self.shape.unit_words
     }
 
+    /// The header words of the segment at `unit`, as an array: one bounds
+    /// check for all of them, where indexing the class-0 slice checked
+    /// each word on its own (the header is read on every placement).
+    #[inline(always)]
+    pub(crate) fn header_words(&self, unit: u32) -> &[AtomicU64; HEADER_WORDS] {
+        let start = self.first_word(unit);
+        self.backing
+            .range(self.words_at + start, HEADER_WORDS)
+            .try_into()
+            .expect("a range of HEADER_WORDS words")
+    }
+
     /// The words of the segment of `class` at `unit`.
     #[inline]
     pub(crate) fn segment(&self, unit: u32, class: u8) -> &[AtomicU64] {

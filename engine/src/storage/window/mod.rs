@@ -490,7 +490,7 @@ fn read_header(pool: &Pool, seg: SegRef) -> Option<SegmentHeader> {
     if seg.unit >= pool.shape().units {
         return None;
     }
-    let w = pool.segment(seg.unit, 0);
+    let w = pool.header_words(seg.unit);
     let load = |i: usize| w[i].load(Ordering::Relaxed);
     let header = SegmentHeader {
         link: load(0),
