@@ -152,6 +152,9 @@ struct Candidate {
 /// What a segment's frames prove, once its holes are filled.
 #[derive(Clone, Copy, Debug)]
 struct Prefix {
+    /// Frames claimed: the count [`prove`] was given, or more in an open
+    /// head where whole frames stood past it (their claims lost).
+    claims: u32,
     /// Frames readable from the segment's start: proven ones and the
     /// placeholders between them (and, in a sealed segment, after them).
     valid: u32,
@@ -390,6 +393,7 @@ fn restore(
             continue;
         };
         let p = prove(pool, c, count, i < head_i, proof);
+        let count = p.claims;
         out.damaged_frames += u64::from(p.gaps);
         out.unconfirmed_frames += u64::from(p.unconfirmed);
         if p.damaged {
@@ -597,6 +601,7 @@ fn prove(pool: &Pool, c: &Candidate, count: u32, sealed: bool, proof: Proof) -> 
     // than that could fit are a damaged count, not frames.
     if count as usize > (segment.len() - HEADER_WORDS) / (FRAME_HEADER_WORDS + 1) {
         return Prefix {
+            claims: count,
             valid: 0,
             events: 0,
             bytes: 0,
@@ -606,7 +611,7 @@ fn prove(pool: &Pool, c: &Candidate, count: u32, sealed: bool, proof: Proof) -> 
             damaged: true,
         };
     }
-    let table_low = segment.len() - count as usize;
+    let mut table_low = segment.len() - count as usize;
     // The offsets the table gives, and which of them more than one entry
     // gives: a frame's words are its own, so an offset named twice (an
     // entry copied over another) proves neither frame.
@@ -666,6 +671,29 @@ fn prove(pool: &Pool, c: &Candidate, count: u32, sealed: bool, proof: Proof) -> 
         };
         found.push(f);
     }
+    // Past the claims of an open head, frames may stand whole where the
+    // next claims would have put them: their claims lost with the state
+    // word (zero or stale after a machine restart, or damaged) and their
+    // table entries (damaged, or never written back). A frame whose mark
+    // — its writer's last store — and check (owner, stream and payload)
+    // verify was appended, and its append may have returned: it is kept
+    // and its entry written again, so its number is not handed out again.
+    // Anything less (no mark, a failed check) is no evidence of a claim.
+    if !sealed {
+        let most = (segment.len() - HEADER_WORDS) / (FRAME_HEADER_WORDS + 1);
+        while let Some(off) = expected.filter(|_| found.len() < most) {
+            let i = found.len();
+            let below_table = segment.len() - (i + 1);
+            let f = frame_at(segment, stamp, check, off, low, below_table, &mut payload);
+            let Found::Proven { end, .. } = f else {
+                break;
+            };
+            segment[segment.len() - 1 - i].store(table_entry(stamp, off as u32), Ordering::Relaxed);
+            found.push(f);
+            (expected, low, table_low) = (Some(end), end, below_table);
+        }
+    }
+    let claims = found.len() as u32;
     let last_readable = found.iter().rposition(|f| {
         matches!(
             f,
@@ -673,11 +701,12 @@ fn prove(pool: &Pool, c: &Candidate, count: u32, sealed: bool, proof: Proof) -> 
         )
     });
     let valid = if sealed {
-        count as usize
+        claims as usize
     } else {
         last_readable.map_or(0, |i| i + 1)
     };
     let mut p = Prefix {
+        claims,
         valid: 0,
         events: 0,
         bytes: 0,

@@ -689,22 +689,87 @@ fn frames_past_a_state_word_that_counts_too_few_are_kept() {
         assert_eq!(r.events, 16);
         assert_eq!(append(w, &after, 1, &[17; 20]), 17);
     }
-    // Past the count, only frames a writer of this allocation finished, in
-    // order: a missing entry (event 15's) ends the search, and event 16 is
-    // not taken out of turn.
-    let after = restart(&p);
-    let head = segment_starting_at(&after, 13);
-    let stamp = after.stamp_now(head, Ordering::Relaxed);
-    after.state(head).store(
-        State::Open { count: 2, used: 0 }.encode(stamp),
-        Ordering::Relaxed,
-    );
-    let seg = after.segment(head, 2);
-    seg[seg.len() - 3].store(0, Ordering::Relaxed);
-    let r = recover::recover(&after, &[A], CHECK, true);
-    let w = r.windows[0].as_ref().expect("proven");
-    assert_eq!(w.high_water(&after), 14);
-    assert_eq!(r.events, 14);
+    // Past the count, frames a writer of this allocation finished, in
+    // order, whatever became of their table entries: event 15's entry
+    // lost (zero) or damaged (another allocation's), or the state word
+    // lost as well (zero: an open segment of no frames, for the first
+    // stamps) — 15 stands whole right after 14, then 16 after it. Both are
+    // kept and their entries written again; no number is handed out
+    // twice.
+    for (state, entry) in [(2, 0), (2, 2 << 32), (0, 2 << 32)] {
+        for restarted in [false, true] {
+            let after = restart(&p);
+            let head = segment_starting_at(&after, 13);
+            let stamp = after.stamp_now(head, Ordering::Relaxed);
+            let word = if state == 0 {
+                0
+            } else {
+                State::Open {
+                    count: state,
+                    used: 0,
+                }
+                .encode(stamp)
+            };
+            after.state(head).store(word, Ordering::Relaxed);
+            let seg = after.segment(head, 2);
+            let off = table_offset(seg[seg.len() - 3].load(Ordering::Relaxed), stamp).unwrap();
+            seg[seg.len() - 3].store(entry, Ordering::Relaxed);
+            if state == 0 {
+                // So says only a state word of the first stamps (its
+                // generation bits zero); a later stamp's zero word is
+                // another allocation's, and the head is then no head.
+                assert_eq!(
+                    State::decode(0, stamp),
+                    Some(State::Open { count: 0, used: 0 })
+                );
+            }
+            let r = recover::recover(&after, &[A], CHECK, restarted);
+            let case = format!("state {state}, entry {entry:#x}, restarted {restarted}");
+            let w = r.windows[0].as_ref().expect("proven");
+            assert_eq!(w.high_water(&after), 16, "{case}");
+            assert_eq!(r.events, 16, "{case}");
+            assert_eq!((r.damaged_frames, r.unconfirmed_frames), (0, 0), "{case}");
+            assert_eq!(
+                table_offset(seg[seg.len() - 3].load(Ordering::Relaxed), stamp),
+                Some(off),
+                "{case}: the entry is written again"
+            );
+            let (events, gaps) = read_told(w, &after, 1);
+            assert!(gaps.is_empty(), "{case}");
+            assert_eq!(
+                events.iter().map(|(s, _)| *s).collect::<Vec<_>>(),
+                vec![1, 3, 5, 7, 9, 11, 13, 15],
+                "{case}"
+            );
+            assert_eq!(append(w, &after, 1, &[17; 20]), 17, "{case}");
+        }
+    }
+    // No evidence, no claim: past the count, a frame whose check fails
+    // (event 15's payload damaged) or that has no mark ends the search —
+    // nothing says its writer finished, or that event 16 came after it in
+    // turn. (The limit docs/durability.md names: a frame with no trace of
+    // its claim left.)
+    for unmarked in [false, true] {
+        let after = restart(&p);
+        let head = segment_starting_at(&after, 13);
+        let stamp = after.stamp_now(head, Ordering::Relaxed);
+        after.state(head).store(
+            State::Open { count: 2, used: 0 }.encode(stamp),
+            Ordering::Relaxed,
+        );
+        let seg = after.segment(head, 2);
+        let off = table_offset(seg[seg.len() - 3].load(Ordering::Relaxed), stamp).unwrap();
+        seg[seg.len() - 3].store(0, Ordering::Relaxed);
+        if unmarked {
+            seg[off as usize].store(0, Ordering::Relaxed);
+        } else {
+            seg[off as usize + 4].fetch_xor(1, Ordering::Relaxed);
+        }
+        let r = recover::recover(&after, &[A], CHECK, true);
+        let w = r.windows[0].as_ref().expect("proven");
+        assert_eq!(w.high_water(&after), 14, "unmarked: {unmarked}");
+        assert_eq!(r.events, 14, "unmarked: {unmarked}");
+    }
 }
 
 #[test]
