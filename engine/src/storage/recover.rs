@@ -641,23 +641,24 @@ fn prove(pool: &Pool, c: &Candidate, count: u32, sealed: bool, proof: Proof) -> 
         let f = match entry_off {
             Some(off) if expected.is_some_and(|e| e != off) || named_twice(off) => Found::Damaged,
             Some(off) => frame_at(segment, stamp, check, off, low, table_low, &mut payload),
+            // No entry of this allocation. If the frame stands whole where
+            // the claims put it (its mark, written after its entry, and its
+            // check verify), only the entry was lost or damaged, and it is
+            // written again. Otherwise: a zero entry is a writer that died
+            // between its claim and its first store; anything else, in a
+            // segment zeroed when it was allocated, is damage.
             None => {
-                match expected {
-                    // Not this allocation's entry, in a segment zeroed when
-                    // it was allocated: damage, not an unwritten entry.
-                    _ if entries[i] != 0 => Found::Damaged,
-                    // No entry: the writer died between its claim and its
-                    // first store — unless the frame stands whole where
-                    // the claims put it, its mark written (after its entry):
-                    // then only the entry was lost, and is written again.
-                    Some(off) => {
-                        let f = frame_at(segment, stamp, check, off, low, table_low, &mut payload);
-                        if matches!(f, Found::Proven { .. }) {
-                            segment[slot].store(table_entry(stamp, off as u32), Ordering::Relaxed);
-                        }
+                let f = match expected {
+                    Some(off) => frame_at(segment, stamp, check, off, low, table_low, &mut payload),
+                    None => Found::Unfinished,
+                };
+                match f {
+                    Found::Proven { off, .. } => {
+                        segment[slot].store(table_entry(stamp, off as u32), Ordering::Relaxed);
                         f
                     }
-                    None => Found::Unfinished,
+                    _ if entries[i] != 0 => Found::Damaged,
+                    f => f,
                 }
             }
         };

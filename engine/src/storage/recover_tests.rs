@@ -480,6 +480,22 @@ fn damage_that_a_missing_mark_could_hide_is_told_and_a_lost_table_entry_is_rebui
         Some(offset as u32)
     );
 
+    // The entry damaged into another allocation's (a flipped stamp bit)
+    // while the frame stands whole where the claims put it: the frame's
+    // own mark and check prove it — kept, and its entry written again.
+    let after = restart(&p);
+    let (seg, slot, offset) = event_3(&after);
+    let entry = seg[slot].fetch_xor(1 << 40, Ordering::Relaxed);
+    check(&after, odd(false), 0, "a damaged entry");
+    assert_eq!(seg[slot].load(Ordering::Relaxed), entry);
+    // The same, and the frame's payload damaged too: told as a gap.
+    let after = restart(&p);
+    let (seg, slot, offset_3) = event_3(&after);
+    assert_eq!(offset_3, offset);
+    seg[slot].fetch_xor(1 << 40, Ordering::Relaxed);
+    seg[offset + 4].fetch_xor(1, Ordering::Relaxed);
+    check(&after, odd(true), 1, "a damaged entry and payload");
+
     // An entry copied over another's: both name one place, and neither
     // frame is trusted.
     let after = restart(&p);
