@@ -149,6 +149,32 @@ struct Candidate {
     header: SegmentHeader,
 }
 
+/// What a segment whose header failed its check still hints at: its
+/// header's words, unproven. Used only to refuse, never to restore.
+#[derive(Clone, Copy, Debug)]
+struct Hint {
+    owner: (u64, u64),
+    first_seq: u64,
+    prev: u64,
+    /// It verifies for one of the unit's earlier allocations.
+    stale: bool,
+}
+
+/// Earlier allocations of a unit whose whole header [`Hint::stale`]
+/// recognises.
+const STALE_LIVES: u32 = 8;
+
+impl Hint {
+    /// Whether the hinted segment may be the successor of the chain ending
+    /// at `end`, of `owner`'s session: it names `end` as its predecessor,
+    /// or it is `owner`'s and starts after `end` does. One damaged word of
+    /// a header leaves one of the two intact.
+    fn may_follow(&self, end: &Candidate, owner: Owner) -> bool {
+        self.prev == end.seg.pack()
+            || (self.owner == (owner.tag, owner.epoch) && self.first_seq > end.header.first_seq)
+    }
+}
+
 /// What a segment's frames prove, once its holes are filled.
 #[derive(Clone, Copy, Debug)]
 struct Prefix {
@@ -223,6 +249,7 @@ pub(crate) fn recover(
     let mut owned = 0u64;
     let mut out = Recovery::default();
     let mut unverified_claims = std::collections::HashSet::new();
+    let mut hints = Vec::new();
     // Below the allocation mark no unit was ever allocated: nothing to read.
     // After a machine restart the mark's page may have reached the device
     // older (higher) than the stamps of units allocated below it: every
@@ -244,6 +271,16 @@ pub(crate) fn recover(
             if let Some(&i) = index.get(&(header.owner_tag, header.owner_epoch)) {
                 unverified_claims.insert(i);
             }
+            hints.push(Hint {
+                owner: (header.owner_tag, header.owner_epoch),
+                first_seq: header.first_seq,
+                prev: header.prev,
+                // A whole header of one of the unit's earlier allocations:
+                // the unit was allocated again and its new header not
+                // written (yet, or back to the device).
+                stale: (1..=STALE_LIVES)
+                    .any(|k| stamp.checked_sub(2 * k).is_some_and(|s| header.verifies(s))),
+            });
             continue;
         }
         if let Some(&i) = index.get(&(header.owner_tag, header.owner_epoch)) {
@@ -266,7 +303,11 @@ pub(crate) fn recover(
                 pool,
                 owners[i],
                 candidates,
-                Proof { check, restarted },
+                Proof {
+                    check,
+                    restarted,
+                    hints: &hints,
+                },
                 &mut used,
                 &mut out,
                 &mut kept,
@@ -280,12 +321,14 @@ pub(crate) fn recover(
     out
 }
 
-/// How a frame is proven: its check, and whether a missing mark may hide
-/// an acknowledged frame (the machine restarted).
+/// How a session is proven: its frames' check, whether a missing mark may
+/// hide an acknowledged frame (the machine restarted), and what the
+/// headers that failed their checks hint at (reasons to refuse a chain).
 #[derive(Clone, Copy, Debug)]
-struct Proof {
+struct Proof<'a> {
     check: FrameCheck,
     restarted: bool,
+    hints: &'a [Hint],
 }
 
 /// A frame check bound to the session whose segment is proven (format 5
@@ -307,7 +350,7 @@ fn restore(
     pool: &Pool,
     owner: Owner,
     candidates: &[Candidate],
-    proof: Proof,
+    proof: Proof<'_>,
     used: &mut [bool],
     out: &mut Recovery,
     kept_segments: &mut u64,
@@ -363,6 +406,22 @@ fn restore(
     }
     let (_, chain) = best?;
     let chain: Vec<Candidate> = chain.into_iter().map(|i| candidates[i]).collect();
+    let end = chain.last().expect("non-empty");
+    // The chain may go on in a segment whose header failed its check: its
+    // end may be a seal lost (or damaged) along with the successor's
+    // header, and the numbers after it handed out already. Restoring it
+    // would hand them out again, so the session is not restored (its
+    // clients are told it is gone). A stale header says so only after a
+    // machine restart: after a process crash the page cache kept every
+    // write, so a unit whose new header was never written received no
+    // frames.
+    if proof
+        .hints
+        .iter()
+        .any(|h| (proof.restarted || !h.stale) && h.may_follow(end, owner))
+    {
+        return None;
+    }
     // The chain's memory must be its own.
     for c in &chain {
         let span = c.seg.unit as usize..c.seg.unit as usize + (1usize << c.class);
@@ -590,7 +649,7 @@ fn claimed(pool: &Pool, c: &Candidate) -> Option<u32> {
 /// Unfinished frames after the last readable one of an open head are left
 /// for the caller to drop. Only when the holes' room cannot be laid out
 /// again (the claims do not fit the segment) is the result `damaged`.
-fn prove(pool: &Pool, c: &Candidate, count: u32, sealed: bool, proof: Proof) -> Prefix {
+fn prove(pool: &Pool, c: &Candidate, count: u32, sealed: bool, proof: Proof<'_>) -> Prefix {
     let check = Checker {
         check: proof.check,
         owner: (c.header.owner_tag, c.header.owner_epoch),

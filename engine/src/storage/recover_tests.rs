@@ -267,6 +267,16 @@ fn a_unit_allocated_but_not_yet_written_is_no_candidate_whatever_its_old_words_c
     after
         .stamp(free.unit)
         .store(u64::from(old + 2), Ordering::Relaxed);
+    // After a machine restart the same words could be a successor whose
+    // new header never reached the device, its predecessor's seal lost
+    // with it: the session is not restored (its numbers past `high` may
+    // have been handed out).
+    let copy = restart(&after);
+    let r = recover::recover(&copy, &[A], CHECK, true);
+    assert_eq!(r.unverified_headers, 1);
+    assert!(r.windows[0].is_none());
+    // After a process crash the page cache kept every write: a unit whose
+    // new header was never written received no frames.
     let r = recover::recover(&after, &[A], CHECK, false);
     assert_eq!(r.unverified_headers, 1);
     let w = r.windows[0].as_ref().expect("the session's own chain");
@@ -905,3 +915,50 @@ fn a_frame_of_another_session_under_this_segments_mark_fails_a_format_5_check() 
 
 /// Words of a frame holding 20 bytes: header, then three payload words.
 const FRAME_WORDS_OF_20: usize = FRAME_HEADER_WORDS + 3;
+
+#[test]
+fn a_lost_seal_with_a_successor_whose_header_fails_its_check_restores_nothing() {
+    let p = sixteen();
+    // The head holds events 13 to 16. Its predecessor's seal is lost: the
+    // predecessor's state word reads "open" with its own frames (as before
+    // the seal, after a machine crash; or damaged so).
+    let lose_seal = |after: &Pool| {
+        let head = segment_starting_at(after, 13);
+        let prev = SegRef::unpack(after.segment(head, 0)[4].load(Ordering::Relaxed)).unwrap();
+        let prev_first = after.segment(prev.unit, 0)[3].load(Ordering::Relaxed);
+        after.state(prev.unit).store(
+            State::Open {
+                count: (13 - prev_first) as u32,
+                used: 0,
+            }
+            .encode(prev.stamp),
+            Ordering::Relaxed,
+        );
+        head
+    };
+    for restarted in [false, true] {
+        // With the head's header whole, the lost seal is found again.
+        let after = restart(&p);
+        lose_seal(&after);
+        let r = recover::recover(&after, &[A], CHECK, restarted);
+        let w = r.windows[0].as_ref().expect("proven");
+        assert_eq!(w.high_water(&after), 16, "restarted: {restarted}");
+
+        // With one word of the head's header damaged as well (any word:
+        // the first number, the owner, the link), the chain seems to end
+        // at 12, and restoring it would hand 13 to 16 out again: the
+        // session is not restored.
+        for word in [1, 3, 4] {
+            let after = restart(&p);
+            let head = lose_seal(&after);
+            after.segment(head, 0)[word].fetch_xor(1 << 9, Ordering::Relaxed);
+            let r = recover::recover(&after, &[A], CHECK, restarted);
+            assert_eq!(r.unverified_headers, 1);
+            assert!(
+                r.windows[0].is_none(),
+                "restarted: {restarted}, header word {word} damaged: restored with high water {:?}",
+                r.windows[0].as_ref().map(|w| w.high_water(&after))
+            );
+        }
+    }
+}
