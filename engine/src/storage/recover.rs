@@ -156,13 +156,10 @@ struct Hint {
     owner: (u64, u64),
     first_seq: u64,
     prev: u64,
-    /// It verifies for one of the unit's earlier allocations.
-    stale: bool,
+    /// Its first frame is marked for the unit's current allocation: the
+    /// segment was linked into a chain and appended to.
+    holds_frames: bool,
 }
-
-/// Earlier allocations of a unit whose whole header [`Hint::stale`]
-/// recognises.
-const STALE_LIVES: u32 = 8;
 
 impl Hint {
     /// Whether the hinted segment may be the successor of the chain ending
@@ -275,11 +272,11 @@ pub(crate) fn recover(
                 owner: (header.owner_tag, header.owner_epoch),
                 first_seq: header.first_seq,
                 prev: header.prev,
-                // A whole header of one of the unit's earlier allocations:
-                // the unit was allocated again and its new header not
-                // written (yet, or back to the device).
-                stale: (1..=STALE_LIVES)
-                    .any(|k| stamp.checked_sub(2 * k).is_some_and(|s| header.verifies(s))),
+                holds_frames: mark_len(
+                    pool.segment(unit, 0)[HEADER_WORDS].load(Ordering::Relaxed),
+                    stamp,
+                )
+                .is_some(),
             });
             continue;
         }
@@ -411,14 +408,16 @@ fn restore(
     // end may be a seal lost (or damaged) along with the successor's
     // header, and the numbers after it handed out already. Restoring it
     // would hand them out again, so the session is not restored (its
-    // clients are told it is gone). A stale header says so only after a
-    // machine restart: after a process crash the page cache kept every
-    // write, so a unit whose new header was never written received no
-    // frames.
+    // clients are told it is gone). After a process crash the page cache
+    // kept every write, so only a segment that holds frames says so: one
+    // without is a spare whose header an appender had not finished (or a
+    // unit allocated again whose new header was never written), which no
+    // number reached. After a machine restart its first frame may be lost
+    // too, and any such header says so.
     if proof
         .hints
         .iter()
-        .any(|h| (proof.restarted || !h.stale) && h.may_follow(end, owner))
+        .any(|h| (proof.restarted || h.holds_frames) && h.may_follow(end, owner))
     {
         return None;
     }
@@ -695,11 +694,26 @@ fn prove(pool: &Pool, c: &Candidate, count: u32, sealed: bool, proof: Proof<'_>)
     // are contiguous (frame `i` takes the room right after frame `i - 1`),
     // so a table entry that says otherwise was damaged.
     let mut expected = Some(HEADER_WORDS);
+    // The room an open segment's state word says its counted frames
+    // claimed (a frame's room is claimed before its entry is written): an
+    // entry of one of them that names a place past it, where nothing was
+    // written, is damaged — not a frame its writer had yet to fill.
+    let claimed_room = match State::decode(pool.state(c.seg.unit).load(Ordering::Relaxed), stamp) {
+        Some(State::Open { count, used } | State::Last { count, used }) if !sealed => {
+            Some((count as usize, HEADER_WORDS + used as usize / WORD_BYTES))
+        }
+        _ => None,
+    };
     for (i, &entry_off) in offsets.iter().enumerate() {
         let slot = segment.len() - 1 - i;
         let f = match entry_off {
             Some(off) if expected.is_some_and(|e| e != off) || named_twice(off) => Found::Damaged,
-            Some(off) => frame_at(segment, stamp, check, off, low, table_low, &mut payload),
+            Some(off) => match frame_at(segment, stamp, check, off, low, table_low, &mut payload) {
+                Found::Unfinished if claimed_room.is_some_and(|(n, end)| i < n && off >= end) => {
+                    Found::Damaged
+                }
+                f => f,
+            },
             // No entry of this allocation. If the frame stands whole where
             // the claims put it (its mark, written after its entry, and its
             // check verify), only the entry was lost or damaged, and it is

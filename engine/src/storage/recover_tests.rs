@@ -3,7 +3,9 @@
 //! maps), the crash is simulated on the copy, and recovery runs on it.
 
 use super::backing::Backing;
-use super::layout::{table_offset, SegRef, SegmentHeader, State, FRAME_HEADER_WORDS, HEADER_WORDS};
+use super::layout::{
+    table_entry, table_offset, SegRef, SegmentHeader, State, FRAME_HEADER_WORDS, HEADER_WORDS,
+};
 use super::*;
 use crate::sync::{AtomicU64, Ordering};
 
@@ -960,5 +962,64 @@ fn a_lost_seal_with_a_successor_whose_header_fails_its_check_restores_nothing() 
                 r.windows[0].as_ref().map(|w| w.high_water(&after))
             );
         }
+    }
+    // A spare an appender was preparing when it died: its header not
+    // finished (the check word, written last, still zero), naming the
+    // head, holding no frames. After a process crash no number reached it
+    // and the session is restored; after a machine restart its first
+    // frame could have been lost too, and it is not.
+    for restarted in [false, true] {
+        let p = sixteen();
+        let spare = p.alloc(0).unwrap();
+        let after = restart(&p);
+        let unit = segment_starting_at(&after, 13);
+        let head = SegRef {
+            unit,
+            stamp: after.stamp_now(unit, Ordering::Relaxed),
+        };
+        prepare_spare(&after, spare, 17, head);
+        after.segment(spare.unit, 0)[HEADER_WORDS - 1].store(0, Ordering::Relaxed);
+        let r = recover::recover(&after, &[A], CHECK, restarted);
+        assert_eq!(r.unverified_headers, 1);
+        match r.windows[0].as_ref() {
+            Some(w) => {
+                assert!(!restarted);
+                assert_eq!(w.high_water(&after), 16);
+            }
+            None => assert!(restarted, "refused after a process crash"),
+        }
+    }
+}
+
+#[test]
+fn an_entry_naming_a_place_past_the_claimed_room_is_damage_not_an_unfinished_frame() {
+    let p = sixteen();
+    // The head holds events 13 to 16, its state word whole. Event 15's
+    // mark is damaged (so where 16 starts is not known from 15), and 16's
+    // table entry names a place past the room the state word says was
+    // claimed, where nothing was written: damage, not an append that never
+    // returned — its number is kept and told, never handed out again.
+    for restarted in [false, true] {
+        let after = restart(&p);
+        let head = segment_starting_at(&after, 13);
+        let stamp = after.stamp_now(head, Ordering::Relaxed);
+        let seg = after.segment(head, 2);
+        let off_15 = table_offset(seg[seg.len() - 3].load(Ordering::Relaxed), stamp).unwrap();
+        seg[off_15 as usize].store(0x4c4f_4f50_444e_5752, Ordering::Relaxed);
+        let off_16 = table_offset(seg[seg.len() - 4].load(Ordering::Relaxed), stamp).unwrap();
+        let past = off_16 + 8;
+        assert!(
+            past as usize + 3 < seg.len() - 4,
+            "inside the segment, before its table"
+        );
+        seg[seg.len() - 4].store(table_entry(stamp, past), Ordering::Relaxed);
+        let r = recover::recover(&after, &[A], CHECK, restarted);
+        let w = r.windows[0].as_ref().expect("proven");
+        assert_eq!(w.high_water(&after), 16, "restarted: {restarted}");
+        assert_eq!(r.damaged_frames, 2, "restarted: {restarted}");
+        // A gap marker is told to the readers of every stream.
+        assert_eq!(read_told(w, &after, 1).1, vec![15, 16]);
+        assert_eq!(read_told(w, &after, 2).1, vec![15, 16]);
+        assert_eq!(append(w, &after, 1, &[17; 20]), 17);
     }
 }
