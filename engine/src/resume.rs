@@ -193,9 +193,24 @@ impl fmt::Display for Signal {
 struct Found {
     session: Option<Arc<Session>>,
     cursor: Option<EventId>,
-    /// Where the window holds the cursor's event, found while classifying,
-    /// so the replay starts there instead of walking the chain again.
-    placed: Option<Cursor>,
+    /// A reader's position after the cursor, placed where the window holds
+    /// it when classifying found it (so the replay starts there instead of
+    /// walking the chain again). The window writes it here, in the
+    /// caller's frame, and it is copied once, into the reader: returned
+    /// through the placement and `Found` instead, it was copied twice right
+    /// after the window's narrow stores, and each copy waited for them to
+    /// drain (BENCHMARKS.md, run AS).
+    placed: Cursor,
+}
+
+impl Default for Found {
+    fn default() -> Found {
+        Found {
+            session: None,
+            cursor: None,
+            placed: Cursor::after(0),
+        }
+    }
 }
 
 impl Engine {
@@ -210,7 +225,8 @@ impl Engine {
     #[inline(always)]
     pub fn resume(&self, req: ResumeRequest<'_>) -> ResumeDecision {
         let mut facts = ResumeFacts::new(SessionFact::Absent, CursorFact::Absent);
-        let found = self.shared.classify(req, &mut facts);
+        let mut found = Found::default();
+        self.shared.classify(req, &mut facts, &mut found);
         let (verdict, generation, fault) = self.shared.verdict_on(&facts);
         let action = self.shared.act(found, &facts, verdict);
         ResumeDecision {
@@ -242,7 +258,7 @@ impl Engine {
     /// deciding. For tests, tooling and policy authors.
     pub fn facts(&self, req: ResumeRequest<'_>) -> ResumeFacts {
         let mut facts = ResumeFacts::new(SessionFact::Absent, CursorFact::Absent);
-        self.shared.classify(req, &mut facts);
+        self.shared.classify(req, &mut facts, &mut Found::default());
         facts
     }
 }
@@ -271,26 +287,26 @@ impl Shared {
         (verdict, answer.generation, fault)
     }
 
-    /// Fills `facts` for `req` (safe set included) and returns what was
-    /// looked up on the way.
+    /// Fills `facts` for `req` (safe set included), and `found` with what
+    /// was looked up on the way.
     #[inline(always)]
-    fn classify(&self, req: ResumeRequest<'_>, facts: &mut ResumeFacts) -> Found {
+    fn classify(&self, req: ResumeRequest<'_>, facts: &mut ResumeFacts, found: &mut Found) {
         let now = self.now_ms();
         let id = req.session_id.map(SessionId::parse);
-        let found = match id {
+        let live = match id {
             Some(Ok(id)) => self.live(id, now),
             _ => None,
         };
         // A live session recognises its own cursors by their first bytes;
         // anything else is parsed in full.
-        let cursor = match (req.last_event_id, &found) {
+        let cursor = match (req.last_event_id, &live) {
             (None, _) => None,
             (Some(raw), Some(s)) => Some(s.parse_cursor(raw)),
             (Some(raw), None) => Some(EventId::parse_outlined(raw)),
         };
         let parsed = cursor.and_then(Result::ok);
-        let mut session = None;
-        let session_fact = match (id, found) {
+        found.cursor = parsed;
+        let session_fact = match (id, live) {
             (None, _) => SessionFact::Absent,
             (Some(Err(_)), _) => SessionFact::Malformed,
             (Some(Ok(_)), Some(s)) if s.principal_matches(req.principal) => {
@@ -299,7 +315,7 @@ impl Shared {
                 } else {
                     SessionFact::Live
                 };
-                session = Some(s);
+                found.session = Some(s);
                 fact
             }
             (Some(Ok(_)), Some(_)) => SessionFact::WrongPrincipal,
@@ -310,23 +326,17 @@ impl Shared {
         };
         *facts = ResumeFacts::new(session_fact, CursorFact::Absent);
         facts.max_resume_age_ms = self.max_resume_age_ms;
-        let mut placed = None;
-        let cursor_fact = match (cursor, &session) {
+        let cursor_fact = match (cursor, &found.session) {
             (None, _) => CursorFact::Absent,
             (Some(Err(_)), _) => CursorFact::Malformed,
             (Some(Ok(_)), None) => CursorFact::Unchecked,
-            (Some(Ok(e)), Some(s)) => classify_cursor(self, s, e, now, facts, &mut placed),
+            (Some(Ok(e)), Some(s)) => classify_cursor(self, s, e, now, facts, &mut found.placed),
         };
-        if let Some(s) = &session {
+        if let Some(s) = &found.session {
             s.touch(now);
         }
         facts.cursor = cursor_fact.code();
         facts.fill_safe_set();
-        Found {
-            session,
-            cursor: parsed,
-            placed,
-        }
     }
 
     #[inline(always)]
@@ -360,9 +370,10 @@ impl Shared {
                         session,
                         shared: self.clone(),
                     };
-                    ResumeAction::Replay(match c.placed {
-                        Some(at) if at.seq == cur.seq + 1 => Replay::at(handle, cur.stream, at),
-                        _ => Replay::new(handle, cur.stream, cur.seq),
+                    ResumeAction::Replay(if c.placed.seq == cur.seq + 1 {
+                        Replay::at(handle, cur.stream, c.placed)
+                    } else {
+                        Replay::new(handle, cur.stream, cur.seq)
                     })
                 }
                 _ => unreachable!("Resume outside the safe set"),
@@ -396,12 +407,12 @@ fn classify_cursor(
     c: EventId,
     now: u64,
     facts: &mut ResumeFacts,
-    placed: &mut Option<Cursor>,
+    placed: &mut Cursor,
 ) -> CursorFact {
     let mine = c.tag == s.tag && c.node == s.node && c.epoch == s.epoch;
     let w = s
         .window
-        .place(&shared.pool, s.owner(), mine.then_some(c.seq));
+        .place(&shared.pool, s.owner(), mine.then_some(c.seq), placed);
     facts.high_water = w.high_water;
     facts.oldest_retained = w.oldest;
     facts.idle_ms = now.saturating_sub(s.last_active_ms.load(std::sync::atomic::Ordering::Relaxed));
@@ -418,7 +429,6 @@ fn classify_cursor(
     facts.cursor_age_ms = if c.seq == 0 {
         now.saturating_sub(s.opened_ms)
     } else {
-        *placed = w.appended_ms.is_some().then_some(w.cursor);
         w.appended_ms.map_or(UNKNOWN, |ms| now.saturating_sub(ms))
     };
     // In window iff the first event after the cursor is still held (or

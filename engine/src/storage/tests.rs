@@ -2,7 +2,7 @@
 //! shrink under miri.
 
 use super::layout::{SegRef, HEADER_WORDS};
-use super::window::max_payload;
+use super::window::{max_payload, Placement};
 use super::*;
 
 const A: Owner = Owner { tag: 0xa, epoch: 1 };
@@ -126,8 +126,16 @@ fn frames_round_trip_across_word_boundaries_and_segments() {
     assert_eq!(read_all(&w, &p, A, 0, None), want);
     // From the middle: the table finds the frame.
     assert_eq!(read_all(&w, &p, A, 37, None), want[37..]);
-    assert_eq!(w.place(&p, A, Some(41)).appended_ms, Some(410));
+    assert_eq!(place(&w, &p, A, 41).0.appended_ms, Some(410));
     assert!(w.held_units() > 1, "the chain grew past one segment");
+}
+
+/// [`Window::place`] with a cursor of its own: the placement, and the
+/// cursor after `after` (placed if the frame was found).
+fn place(w: &Window, p: &Pool, owner: Owner, after: u64) -> (Placement, Cursor) {
+    let mut c = w.cursor_after(after);
+    let placed = w.place(p, owner, Some(after), &mut c);
+    (placed, c)
 }
 
 /// Reads everything from `c` on (a cursor the test placed).
@@ -165,7 +173,7 @@ fn a_cursor_placed_by_place_reads_what_a_fresh_walk_reads() {
     }
     assert!(w.held_units() > 10, "{} units", w.held_units());
     for after in 1..=90u64 {
-        let placed = w.place(&p, A, Some(after));
+        let (placed, mut c) = place(&w, &p, A, after);
         assert_eq!(placed.high_water, 90);
         assert_eq!(placed.oldest, w.oldest_retained(&p));
         assert_eq!(
@@ -174,13 +182,18 @@ fn a_cursor_placed_by_place_reads_what_a_fresh_walk_reads() {
             "time of frame {after}"
         );
         // The one-pass placement and the separate calls agree.
-        let slow = w.place_slow(&p, A, Some(after));
+        let mut slow_cursor = w.cursor_after(after);
+        let slow = w.place_slow(&p, A, Some(after), &mut slow_cursor);
         assert_eq!(
             (slow.high_water, slow.oldest, slow.appended_ms),
             (placed.high_water, placed.oldest, placed.appended_ms)
         );
-        let mut c = placed.cursor;
-        assert_eq!(c.seq, after + 1);
+        assert_eq!((c.seq, slow_cursor.seq), (after + 1, after + 1));
+        assert_eq!(
+            read_from(&w, &p, &mut slow_cursor),
+            Ok(want[after as usize..].to_vec()),
+            "after {after}, placed the slow way"
+        );
         assert_eq!(
             read_from(&w, &p, &mut c),
             Ok(want[after as usize..].to_vec()),
@@ -188,7 +201,7 @@ fn a_cursor_placed_by_place_reads_what_a_fresh_walk_reads() {
         );
     }
     // Placed at the head, then more is appended: the cursor reads it.
-    let mut c = w.place(&p, A, Some(90)).cursor;
+    let (_, mut c) = place(&w, &p, A, 90);
     for seq in 91..=120u64 {
         let body = payload(seq, 24);
         assert_eq!(w.append(&p, A, &k, 1, seq * 10, &body, 0), Ok(seq));
@@ -196,10 +209,12 @@ fn a_cursor_placed_by_place_reads_what_a_fresh_walk_reads() {
     }
     assert_eq!(read_from(&w, &p, &mut c), Ok(want[90..].to_vec()));
     // Another owner's cursor is never placed.
-    assert_eq!(w.place(&p, B, Some(5)).appended_ms, None);
+    let mut other = w.cursor_after(5);
+    assert_eq!(w.place(&p, B, Some(5), &mut other).appended_ms, None);
+    assert_eq!(format!("{other:?}"), format!("{:?}", w.cursor_after(5)));
     // Placed, then its segment is released before the read: it lags
     // rather than reading the reused memory.
-    let mut c = w.place(&p, A, Some(3)).cursor;
+    let (_, mut c) = place(&w, &p, A, 3);
     let tight = Retention { max_events: 4, ..k };
     for seq in 121..=200u64 {
         w.append(&p, A, &tight, 1, 0, &payload(seq, 24), 0).unwrap();
@@ -1088,7 +1103,7 @@ fn a_single_writer_appends_what_a_shared_writer_would_across_segments() {
         read_all(&shared, &p, A, 0, None)
     );
     assert_eq!(read_all(&single, &p, B, 37, None).len(), 23);
-    assert_eq!(single.place(&p, B, Some(41)).appended_ms, Some(410));
+    assert_eq!(place(&single, &p, B, 41).0.appended_ms, Some(410));
     // Retention applies to its chain as to any.
     let small = keep(4, 1 << 20);
     for seq in 61..=200u64 {
@@ -1576,12 +1591,11 @@ fn a_cursor_placed_by_a_sealed_segments_kept_count_reads_on_into_its_successor()
                 assert!(forget_sealed_counts(w, &p) > 5, "{name}: a long chain");
             }
             for after in (0..=events).filter(|a| a % step == 0 || *a == events) {
-                let placed = w.place(&p, A, Some(after));
+                let (placed, mut c) = place(w, &p, A, after);
                 assert_eq!(placed.high_water, events);
                 if after > 0 {
                     assert_eq!(placed.appended_ms, Some(after * 10), "{name} {after}");
                 }
-                let mut c = placed.cursor;
                 assert_eq!(
                     read_from(w, &p, &mut c),
                     Ok(want[after as usize..].to_vec()),
@@ -1604,7 +1618,7 @@ fn a_cursor_placed_by_a_sealed_segments_kept_count_reads_on_into_its_successor()
     for seq in 1..=events {
         w.append(&p, A, &k, 0, 0, &payload(seq, 30), 0).unwrap();
     }
-    let mut c = w.place(&p, A, Some(1)).cursor;
+    let (_, mut c) = place(&w, &p, A, 1);
     while w.oldest_retained(&p) <= 10 {
         assert!(w.retain(&p, &keep(events - 15, u64::MAX), true) > 0);
     }

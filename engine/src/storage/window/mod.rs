@@ -109,6 +109,17 @@ pub(crate) struct Cursor {
     at: Option<Pos>,
 }
 
+impl Cursor {
+    /// A cursor whose first read returns the frame after `after`, not yet
+    /// placed: its first read finds the frame from the window's ends.
+    pub(crate) fn after(after: u64) -> Cursor {
+        Cursor {
+            seq: after + 1,
+            at: None,
+        }
+    }
+}
+
 /// What [`Window::place`] found.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Placement {
@@ -116,10 +127,9 @@ pub(crate) struct Placement {
     pub(crate) high_water: u64,
     /// The oldest sequence number still held; `high_water + 1` when none.
     pub(crate) oldest: u64,
-    /// When the cursor's own frame was appended, if it is still held.
+    /// When the cursor's own frame was appended, if it is still held (and
+    /// then the cursor was placed after it).
     pub(crate) appended_ms: Option<u64>,
-    /// A cursor whose first read returns the frame after the cursor.
-    pub(crate) cursor: Cursor,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

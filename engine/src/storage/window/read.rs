@@ -45,17 +45,21 @@ impl Window {
 
     /// A cursor whose first read returns the frame after `after`.
     pub(crate) fn cursor_after(&self, after: u64) -> Cursor {
-        Cursor {
-            seq: after + 1,
-            at: None,
-        }
+        Cursor::after(after)
     }
 
     /// Everything a resume asks of the window, read in one pass: the high
     /// water mark, the oldest retained sequence number, and — for a cursor
-    /// `after` in the window — when frame `after` was appended and a cursor
-    /// whose first read returns the frame after it, already placed in the
-    /// segment that holds it (so the replay does not walk the chain again).
+    /// `after` in the window — when frame `after` was appended; `cursor` is
+    /// then moved to the frame after it, placed in the segment that holds
+    /// it (so the replay does not walk the chain again). When frame `after`
+    /// is not found, `cursor` is left as it was.
+    ///
+    /// The cursor is written where the caller keeps it rather than
+    /// returned: a placed cursor returned through the placement and moved
+    /// on into the reader was copied in wider loads than its fields were
+    /// stored with, and each such copy waited for the stores to drain
+    /// (BENCHMARKS.md, runs AL and AS).
     ///
     /// One pass reads the head's header and state, the oldest segment's
     /// header (the head's, when they are one), and for a cursor in a sealed
@@ -67,14 +71,26 @@ impl Window {
     ///
     /// If the cursor's segment is released before the first read, that
     /// read validates its stamp and reports `Lagged`, as a fresh walk would.
-    pub(crate) fn place(&self, pool: &Pool, owner: Owner, after: Option<u64>) -> Placement {
-        self.place_fast(pool, owner, after)
-            .unwrap_or_else(|| self.place_slow(pool, owner, after))
+    pub(crate) fn place(
+        &self,
+        pool: &Pool,
+        owner: Owner,
+        after: Option<u64>,
+        cursor: &mut Cursor,
+    ) -> Placement {
+        self.place_fast(pool, owner, after, cursor)
+            .unwrap_or_else(|| self.place_slow(pool, owner, after, cursor))
     }
 
     /// [`Window::place`] in one pass, or `None` to take the slow way.
     #[inline(always)]
-    fn place_fast(&self, pool: &Pool, owner: Owner, after: Option<u64>) -> Option<Placement> {
+    fn place_fast(
+        &self,
+        pool: &Pool,
+        owner: Owner,
+        after: Option<u64>,
+        cursor: &mut Cursor,
+    ) -> Option<Placement> {
         let head_word = self.head.load(Ordering::Acquire);
         let Some(head) = SegRef::unpack(head_word) else {
             // Nothing appended yet, or closed: nothing to place.
@@ -99,7 +115,6 @@ impl Window {
             high_water,
             oldest: oh.first_seq,
             appended_ms: None,
-            cursor: self.cursor_after(after.unwrap_or(0)),
         };
         let Some(seq) = after.filter(|&s| s >= oh.first_seq && s <= high_water) else {
             return Some(placement);
@@ -118,10 +133,7 @@ impl Window {
         } else {
             return None;
         };
-        if let Some((ms, cursor)) = frame_after(pool, seq, pos) {
-            placement.appended_ms = Some(ms);
-            placement.cursor = cursor;
-        }
+        placement.appended_ms = frame_after(pool, seq, pos, cursor);
         Some(placement)
     }
 
@@ -131,6 +143,7 @@ impl Window {
         pool: &Pool,
         owner: Owner,
         after: Option<u64>,
+        cursor: &mut Cursor,
     ) -> Placement {
         let high_water = self.high_water(pool);
         let oldest = self.oldest_retained(pool);
@@ -138,14 +151,10 @@ impl Window {
             high_water,
             oldest,
             appended_ms: None,
-            cursor: self.cursor_after(after.unwrap_or(0)),
         };
         if let Some(seq) = after.filter(|&s| s >= 1 && s <= high_water) {
             if let Locate::At(pos) = self.locate(pool, owner, seq) {
-                if let Some((ms, cursor)) = frame_after(pool, seq, pos) {
-                    placement.appended_ms = Some(ms);
-                    placement.cursor = cursor;
-                }
+                placement.appended_ms = frame_after(pool, seq, pos, cursor);
             }
         }
         placement
@@ -672,11 +681,11 @@ pub(in crate::storage) enum Locate {
 /// reports a gap rather than chase a chain released faster than it reads.
 const MAX_RELOCATIONS: u32 = 4;
 
-/// When frame `seq`, which `pos` places in its segment, was appended, and
-/// a cursor placed right after it; `None` if the frame is not published or
-/// the segment was released meanwhile.
+/// When frame `seq`, which `pos` places in its segment, was appended, with
+/// `cursor` placed right after it; `None` (and `cursor` untouched) if the
+/// frame is not published or the segment was released meanwhile.
 #[inline(always)]
-fn frame_after(pool: &Pool, seq: u64, pos: Pos) -> Option<(u64, Cursor)> {
+fn frame_after(pool: &Pool, seq: u64, pos: Pos, cursor: &mut Cursor) -> Option<u64> {
     let segment = pool.segment(pos.seg.unit, pos.class);
     let index = (seq - pos.first_seq) as u32;
     let offset = frame_offset(segment, pos.seg.stamp, index, pos.offset)?;
@@ -699,14 +708,14 @@ fn frame_after(pool: &Pool, seq: u64, pos: Pos) -> Option<(u64, Cursor)> {
     // `pos` already knows of, a read takes it without loading the state;
     // past them (or past a sealed segment's last frame) the general read
     // loads the state or follows the seal.
-    let cursor = Cursor {
+    *cursor = Cursor {
         seq: seq + 1,
         at: Some(Pos {
             offset: end as u32,
             ..pos
         }),
     };
-    Some((ms, cursor))
+    Some(ms)
 }
 
 /// The word offset of frame `index`: `known` if the reader already knows
