@@ -436,6 +436,46 @@ fn event_3(after: &Pool) -> (&[AtomicU64], usize, usize) {
     (seg, slot, offset)
 }
 
+/// The head of [`sixteen`]'s chain (events 13 to 16, a class-2 segment) in
+/// a restarted copy: its unit and stamp, and its words.
+struct Head<'a> {
+    unit: u32,
+    stamp: u32,
+    words: &'a [AtomicU64],
+}
+
+impl<'a> Head<'a> {
+    fn of(after: &'a Pool) -> Head<'a> {
+        let unit = segment_starting_at(after, 13);
+        Head {
+            unit,
+            stamp: after.stamp_now(unit, Ordering::Relaxed),
+            words: after.segment(unit, 2),
+        }
+    }
+
+    /// The table slot of the head's frame `index` (event `13 + index`).
+    fn slot(&self, index: usize) -> &AtomicU64 {
+        &self.words[self.words.len() - 1 - index]
+    }
+
+    /// The word offset of the head's frame `index`, from its table entry.
+    fn offset(&self, index: usize) -> usize {
+        table_offset(self.slot(index).load(Ordering::Relaxed), self.stamp).expect("a written entry")
+            as usize
+    }
+
+    /// Makes the head's state word an open segment of `count` frames (and
+    /// no room used): what a state word that reached the disk before the
+    /// frames after it reads, or a damaged one.
+    fn count(&self, after: &Pool, count: u32) {
+        after.state(self.unit).store(
+            State::Open { count, used: 0 }.encode(self.stamp),
+            Ordering::Relaxed,
+        );
+    }
+}
+
 #[test]
 fn damage_that_a_missing_mark_could_hide_is_told_and_a_lost_table_entry_is_rebuilt() {
     let p = sixteen();
@@ -693,12 +733,7 @@ fn frames_past_a_state_word_that_counts_too_few_are_kept() {
     // particular order), or a damaged word reads so.
     for restarted in [false, true] {
         let after = restart(&p);
-        let head = segment_starting_at(&after, 13);
-        let stamp = after.stamp_now(head, Ordering::Relaxed);
-        after.state(head).store(
-            State::Open { count: 2, used: 0 }.encode(stamp),
-            Ordering::Relaxed,
-        );
+        Head::of(&after).count(&after, 2);
         let r = recover::recover(&after, &[A], CHECK, restarted);
         let w = r.windows[0].as_ref().expect("proven");
         let (events, gaps) = read_told(w, &after, 2);
@@ -727,41 +762,28 @@ fn frames_past_a_state_word_that_counts_too_few_are_kept() {
     for (state, entry) in [(2, 0), (2, 2 << 32), (0, 2 << 32)] {
         for restarted in [false, true] {
             let after = restart(&p);
-            let head = segment_starting_at(&after, 13);
-            let stamp = after.stamp_now(head, Ordering::Relaxed);
-            let word = if state == 0 {
-                0
-            } else {
-                State::Open {
-                    count: state,
-                    used: 0,
-                }
-                .encode(stamp)
-            };
-            after.state(head).store(word, Ordering::Relaxed);
-            let seg = after.segment(head, 2);
-            let off = table_offset(seg[seg.len() - 3].load(Ordering::Relaxed), stamp).unwrap();
-            seg[seg.len() - 3].store(entry, Ordering::Relaxed);
+            let head = Head::of(&after);
             if state == 0 {
+                after.state(head.unit).store(0, Ordering::Relaxed);
                 // So says only a state word of the first stamps (its
                 // generation bits zero); a later stamp's zero word is
                 // another allocation's, and the head is then no head.
                 assert_eq!(
-                    State::decode(0, stamp),
+                    State::decode(0, head.stamp),
                     Some(State::Open { count: 0, used: 0 })
                 );
+            } else {
+                head.count(&after, state);
             }
+            let off = head.offset(2);
+            head.slot(2).store(entry, Ordering::Relaxed);
             let r = recover::recover(&after, &[A], CHECK, restarted);
             let case = format!("state {state}, entry {entry:#x}, restarted {restarted}");
             let w = r.windows[0].as_ref().expect("proven");
             assert_eq!(w.high_water(&after), 16, "{case}");
             assert_eq!(r.events, 16, "{case}");
             assert_eq!((r.damaged_frames, r.unconfirmed_frames), (0, 0), "{case}");
-            assert_eq!(
-                table_offset(seg[seg.len() - 3].load(Ordering::Relaxed), stamp),
-                Some(off),
-                "{case}: the entry is written again"
-            );
+            assert_eq!(head.offset(2), off, "{case}: the entry is written again");
             let (events, gaps) = read_told(w, &after, 1);
             assert!(gaps.is_empty(), "{case}");
             assert_eq!(
@@ -779,19 +801,14 @@ fn frames_past_a_state_word_that_counts_too_few_are_kept() {
     // its claim left.)
     for unmarked in [false, true] {
         let after = restart(&p);
-        let head = segment_starting_at(&after, 13);
-        let stamp = after.stamp_now(head, Ordering::Relaxed);
-        after.state(head).store(
-            State::Open { count: 2, used: 0 }.encode(stamp),
-            Ordering::Relaxed,
-        );
-        let seg = after.segment(head, 2);
-        let off = table_offset(seg[seg.len() - 3].load(Ordering::Relaxed), stamp).unwrap();
-        seg[seg.len() - 3].store(0, Ordering::Relaxed);
+        let head = Head::of(&after);
+        head.count(&after, 2);
+        let off = head.offset(2);
+        head.slot(2).store(0, Ordering::Relaxed);
         if unmarked {
-            seg[off as usize].store(0, Ordering::Relaxed);
+            head.words[off].store(0, Ordering::Relaxed);
         } else {
-            seg[off as usize + 4].fetch_xor(1, Ordering::Relaxed);
+            head.words[off + 4].fetch_xor(1, Ordering::Relaxed);
         }
         let r = recover::recover(&after, &[A], CHECK, true);
         let w = r.windows[0].as_ref().expect("proven");
@@ -803,28 +820,13 @@ fn frames_past_a_state_word_that_counts_too_few_are_kept() {
 #[test]
 fn claims_past_a_state_word_that_counts_too_few_are_proven_like_the_rest() {
     let p = sixteen();
-    let short_count = |after: &Pool| {
-        let head = segment_starting_at(after, 13);
-        let stamp = after.stamp_now(head, Ordering::Relaxed);
-        after.state(head).store(
-            State::Open { count: 2, used: 0 }.encode(stamp),
-            Ordering::Relaxed,
-        );
-    };
     for restarted in [false, true] {
         // Event 15's payload damaged as well: a mark, a failed check —
         // told as a gap either way, and event 16 after it is kept.
         let after = restart(&p);
-        short_count(&after);
-        let (seg, stamp) = {
-            let unit = segment_starting_at(&after, 13);
-            (
-                after.segment(unit, 2),
-                after.stamp_now(unit, Ordering::Relaxed),
-            )
-        };
-        let off = table_offset(seg[seg.len() - 3].load(Ordering::Relaxed), stamp).unwrap();
-        seg[off as usize + 4].fetch_xor(1, Ordering::Relaxed);
+        let head = Head::of(&after);
+        head.count(&after, 2);
+        head.words[head.offset(2) + 4].fetch_xor(1, Ordering::Relaxed);
         let r = recover::recover(&after, &[A], CHECK, restarted);
         assert_eq!(r.damaged_frames, 1, "restarted: {restarted}");
         let w = r.windows[0].as_ref().expect("proven");
@@ -838,7 +840,7 @@ fn claims_past_a_state_word_that_counts_too_few_are_proven_like_the_rest() {
         // an append that never returned (dropped, its number free); after
         // a machine restart maybe delivered (told, its number kept).
         let after = restart(&p);
-        short_count(&after);
+        Head::of(&after).count(&after, 2);
         unmark(&after, 13, 3);
         let r = recover::recover(&after, &[A], CHECK, restarted);
         let w = r.windows[0].as_ref().expect("proven");
@@ -972,12 +974,8 @@ fn a_lost_seal_with_a_successor_whose_header_fails_its_check_restores_nothing() 
         let p = sixteen();
         let spare = p.alloc(0).unwrap();
         let after = restart(&p);
-        let unit = segment_starting_at(&after, 13);
-        let head = SegRef {
-            unit,
-            stamp: after.stamp_now(unit, Ordering::Relaxed),
-        };
-        prepare_spare(&after, spare, 17, head);
+        let Head { unit, stamp, .. } = Head::of(&after);
+        prepare_spare(&after, spare, 17, SegRef { unit, stamp });
         after.segment(spare.unit, 0)[HEADER_WORDS - 1].store(0, Ordering::Relaxed);
         let r = recover::recover(&after, &[A], CHECK, restarted);
         assert_eq!(r.unverified_headers, 1);
@@ -1001,18 +999,15 @@ fn an_entry_naming_a_place_past_the_claimed_room_is_damage_not_an_unfinished_fra
     // returned — its number is kept and told, never handed out again.
     for restarted in [false, true] {
         let after = restart(&p);
-        let head = segment_starting_at(&after, 13);
-        let stamp = after.stamp_now(head, Ordering::Relaxed);
-        let seg = after.segment(head, 2);
-        let off_15 = table_offset(seg[seg.len() - 3].load(Ordering::Relaxed), stamp).unwrap();
-        seg[off_15 as usize].store(0x4c4f_4f50_444e_5752, Ordering::Relaxed);
-        let off_16 = table_offset(seg[seg.len() - 4].load(Ordering::Relaxed), stamp).unwrap();
-        let past = off_16 + 8;
+        let head = Head::of(&after);
+        head.words[head.offset(2)].store(0x4c4f_4f50_444e_5752, Ordering::Relaxed);
+        let past = head.offset(3) + 8;
         assert!(
-            past as usize + 3 < seg.len() - 4,
+            past + 3 < head.words.len() - 4,
             "inside the segment, before its table"
         );
-        seg[seg.len() - 4].store(table_entry(stamp, past), Ordering::Relaxed);
+        head.slot(3)
+            .store(table_entry(head.stamp, past as u32), Ordering::Relaxed);
         let r = recover::recover(&after, &[A], CHECK, restarted);
         let w = r.windows[0].as_ref().expect("proven");
         assert_eq!(w.high_water(&after), 16, "restarted: {restarted}");
