@@ -393,10 +393,10 @@ fn restore(
         // of another allocation cannot be restored: it must not win over
         // one that can because it claims to reach further (a unit whose
         // state the process had not yet written).
-        let Some(count) = claimed(pool, head) else {
+        let Some(claims) = claimed(pool, head) else {
             continue;
         };
-        let reach = (head.header.first_seq + u64::from(count), chain.len());
+        let reach = (head.header.first_seq + u64::from(claims.count), chain.len());
         if best.as_ref().is_none_or(|(r, _)| reach > *r) {
             best = Some((reach, chain));
         }
@@ -432,6 +432,10 @@ fn restore(
     let mut start = 0;
     let mut prefixes = Vec::with_capacity(chain.len());
     for (i, c) in chain.iter().enumerate() {
+        // A sealed segment's frames run to its successor's first number;
+        // the head's are what its state word counts and any claims its
+        // table shows past them.
+        let open = if i < head_i { None } else { claimed(pool, c) };
         let count = if i < head_i {
             let n = chain[i + 1]
                 .header
@@ -439,7 +443,7 @@ fn restore(
                 .checked_sub(c.header.first_seq)?;
             (n <= u64::from(MAX_COUNT)).then_some(n as u32)
         } else {
-            claimed(pool, c).map(|n| claimed_by_entries(pool, c, n))
+            open.map(|claims| claimed_by_entries(pool, c, claims.count))
         };
         let Some(count) = count else {
             // A sealed head without successor, or nonsense counts.
@@ -450,7 +454,7 @@ fn restore(
             prefixes.push(None);
             continue;
         };
-        let p = prove(pool, c, count, i < head_i, proof);
+        let p = prove(pool, c, count, open, proof);
         let count = p.claims;
         out.damaged_frames += u64::from(p.gaps);
         out.unconfirmed_frames += u64::from(p.unconfirmed);
@@ -544,10 +548,10 @@ fn relink_lost_seals(
         let Some(named) = naming.get(&c.seg.pack()) else {
             continue;
         };
-        let Some(count) = claimed(pool, c) else {
+        let Some(claims) = claimed(pool, c) else {
             continue;
         };
-        let reach = c.header.first_seq + u64::from(count);
+        let reach = c.header.first_seq + u64::from(claims.count);
         let next = named
             .iter()
             .copied()
@@ -578,7 +582,7 @@ fn relink_lost_seals(
             })
             .max_by_key(|&j| {
                 (
-                    claimed(pool, &candidates[j]).unwrap_or(0),
+                    claimed(pool, &candidates[j]).map_or(0, |claims| claims.count),
                     candidates[j].header.first_seq,
                 )
             });
@@ -619,11 +623,21 @@ fn claimed_by_entries(pool: &Pool, c: &Candidate, count: u32) -> u32 {
     n as u32
 }
 
-/// Frames claimed in an open (or closed-open) segment; `None` if it is
+/// What an open (or closed-open) segment's state word says its writers
+/// claimed.
+#[derive(Clone, Copy, Debug)]
+struct Claims {
+    /// Frames.
+    count: u32,
+    /// Frame bytes, from the end of the header on.
+    used: u32,
+}
+
+/// The claims of an open (or closed-open) segment; `None` if it is
 /// sealed or its state belongs to another allocation.
-fn claimed(pool: &Pool, c: &Candidate) -> Option<u32> {
+fn claimed(pool: &Pool, c: &Candidate) -> Option<Claims> {
     match State::decode(pool.state(c.seg.unit).load(Ordering::Relaxed), c.seg.stamp)? {
-        State::Open { count, .. } | State::Last { count, .. } => Some(count),
+        State::Open { count, used } | State::Last { count, used } => Some(Claims { count, used }),
         State::Next { .. } => None,
     }
 }
@@ -633,7 +647,8 @@ fn claimed(pool: &Pool, c: &Candidate) -> Option<u32> {
 /// about a loss:
 ///
 /// - an *unfinished* frame (no mark: its `append` never returned) that has
-///   a readable frame after it, or any in a `sealed` segment, becomes a
+///   a readable frame after it, or any in a sealed segment (`open` is
+///   `None`; for the head it is what the head's state word claims), becomes a
 ///   placeholder: a frame on the reserved stream with a zero payload, which
 ///   no reader of a real stream delivers — its number is skipped, and
 ///   nothing acknowledged was lost;
@@ -648,7 +663,8 @@ fn claimed(pool: &Pool, c: &Candidate) -> Option<u32> {
 /// Unfinished frames after the last readable one of an open head are left
 /// for the caller to drop. Only when the holes' room cannot be laid out
 /// again (the claims do not fit the segment) is the result `damaged`.
-fn prove(pool: &Pool, c: &Candidate, count: u32, sealed: bool, proof: Proof<'_>) -> Prefix {
+fn prove(pool: &Pool, c: &Candidate, count: u32, open: Option<Claims>, proof: Proof<'_>) -> Prefix {
+    let sealed = open.is_none();
     let check = Checker {
         check: proof.check,
         owner: (c.header.owner_tag, c.header.owner_epoch),
@@ -698,12 +714,12 @@ fn prove(pool: &Pool, c: &Candidate, count: u32, sealed: bool, proof: Proof<'_>)
     // claimed (a frame's room is claimed before its entry is written): an
     // entry of one of them that names a place past it, where nothing was
     // written, is damaged — not a frame its writer had yet to fill.
-    let claimed_room = match State::decode(pool.state(c.seg.unit).load(Ordering::Relaxed), stamp) {
-        Some(State::Open { count, used } | State::Last { count, used }) if !sealed => {
-            Some((count as usize, HEADER_WORDS + used as usize / WORD_BYTES))
-        }
-        _ => None,
-    };
+    let claimed_room = open.map(|o| {
+        (
+            o.count as usize,
+            HEADER_WORDS + o.used as usize / WORD_BYTES,
+        )
+    });
     for (i, &entry_off) in offsets.iter().enumerate() {
         let slot = segment.len() - 1 - i;
         let f = match entry_off {
