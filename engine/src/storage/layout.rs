@@ -354,19 +354,36 @@ impl FrameCheck {
     /// `epoch` appended to `stream`, holding `payload`. Inlined into the
     /// durable append, which knows its variant's branch best.
     #[inline]
-    pub(crate) fn of(self, (tag, epoch): (u64, u64), stream: u32, payload: &[u8]) -> u32 {
-        let stream_hash = || stream.wrapping_add(1).wrapping_mul(0x9E37_79B1);
+    pub(crate) fn of(self, owner: (u64, u64), stream: u32, payload: &[u8]) -> u32 {
         match self {
             FrameCheck::Payload => crc32fast::hash(payload),
-            FrameCheck::StreamAndPayload => crc32fast::hash(payload) ^ stream_hash(),
+            FrameCheck::StreamAndPayload => crc32fast::hash(payload) ^ stream_hash(stream),
             FrameCheck::OwnerStreamAndPayload => {
-                // The owner folded to 32 bits by a multiply whose high half
-                // mixes every bit of tag and epoch.
-                let o = (tag ^ epoch.rotate_left(29)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-                crc32fast::hash(payload) ^ stream_hash() ^ (o >> 32) as u32
+                crc32fast::hash(payload) ^ stream_hash(stream) ^ owner_hash(owner)
             }
         }
     }
+
+    /// Which session a frame's `check` binds it to, as the 32-bit hash of
+    /// its owner that [`FrameCheck::of`] folds in (format 5 only: older
+    /// checks do not cover the session). The three parts of a format-5
+    /// check are XORed, so the payload's and the stream's parts come off
+    /// and leave the owner's, to look up among the owners' hashes.
+    pub(crate) fn owner_hash_in(self, check: u32, stream: u32, payload: &[u8]) -> Option<u32> {
+        (self == FrameCheck::OwnerStreamAndPayload)
+            .then(|| check ^ crc32fast::hash(payload) ^ stream_hash(stream))
+    }
+}
+
+fn stream_hash(stream: u32) -> u32 {
+    stream.wrapping_add(1).wrapping_mul(0x9E37_79B1)
+}
+
+/// The owner folded to 32 bits by a multiply whose high half mixes every
+/// bit of tag and epoch.
+pub(crate) fn owner_hash((tag, epoch): (u64, u64)) -> u32 {
+    let o = (tag ^ epoch.rotate_left(29)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    (o >> 32) as u32
 }
 
 /// `stream << 32 | check`.

@@ -104,10 +104,10 @@
 //! its free lists run dry). So recovery follows what the pool holds (at
 //! most what it ever held), not its configured size.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use super::layout::{
-    frame_words, mark, mark_len, meta, table_entry, table_offset, FrameCheck, SegRef,
+    frame_words, mark, mark_len, meta, owner_hash, table_entry, table_offset, FrameCheck, SegRef,
     SegmentHeader, State, FRAME_HEADER_WORDS, GAP_MS, HEADER_WORDS, MAX_COUNT, RESERVED_STREAM,
     WORD_BYTES,
 };
@@ -225,6 +225,31 @@ fn header_at(pool: &Pool, unit: u32) -> SegmentHeader {
     SegmentHeader::from_words(values)
 }
 
+/// The owner hash that the check of `unit`'s first frame leaves once its
+/// payload's and stream's parts are taken off ([`FrameCheck::owner_hash_in`]),
+/// if the frame carries a mark of this allocation (`stamp`) and a length
+/// that fits a segment the unit can start. It equals a session's owner
+/// hash when the frame stands whole as that session's (a damaged frame
+/// leaves a hash no session is likely to have). `None` for formats before
+/// 5, whose checks do not cover the session.
+fn first_frame_owner(pool: &Pool, unit: u32, stamp: u32, check: FrameCheck) -> Option<u32> {
+    let first = pool.segment(unit, 0);
+    let len = mark_len(first[HEADER_WORDS].load(Ordering::Relaxed), stamp)? as usize;
+    // The header's class may be damaged too: the smallest segment the unit
+    // can start that holds the frame and one table entry.
+    let end = HEADER_WORDS + frame_words(len);
+    let class = (0..=pool.shape().top_class)
+        .take_while(|&c| pool.valid(unit, c))
+        .find(|&c| pool.segment(unit, c).len() > end)?;
+    let segment = pool.segment(unit, class);
+    let mut payload = Vec::with_capacity(len.next_multiple_of(WORD_BYTES));
+    for w in &segment[HEADER_WORDS + FRAME_HEADER_WORDS..end] {
+        payload.extend_from_slice(&w.load(Ordering::Relaxed).to_le_bytes());
+    }
+    let meta_word = segment[HEADER_WORDS + 1].load(Ordering::Relaxed);
+    check.owner_hash_in(meta_word as u32, (meta_word >> 32) as u32, &payload[..len])
+}
+
 /// Rebuilds the windows of `owners` in `pool` (whose free lists must be
 /// empty: recovery fills them) and frees everything else. `restarted`:
 /// the machine may have restarted since the pool was last open, so a
@@ -245,8 +270,14 @@ pub(crate) fn recover(
     let mut by_owner: Vec<Vec<Candidate>> = vec![Vec::new(); owners.len()];
     let mut owned = 0u64;
     let mut out = Recovery::default();
-    let mut unverified_claims = std::collections::HashSet::new();
+    let mut unverified_claims = HashSet::new();
     let mut hints = Vec::new();
+    // Every header's predecessor word, verified or not: a segment some
+    // header names came before another one.
+    let mut named = HashSet::new();
+    // The owner hashes of the first frames of segments whose header
+    // failed its check and that no header names: see below.
+    let mut unnamed_frames_of = Vec::new();
     // Below the allocation mark no unit was ever allocated: nothing to read.
     // After a machine restart the mark's page may have reached the device
     // older (higher) than the stamps of units allocated below it: every
@@ -260,6 +291,7 @@ pub(crate) fn recover(
         }
         let header = header_at(pool, unit);
         owned += 1;
+        named.insert(header.prev);
         if !header.verifies(stamp) || !pool.valid(unit, header.class()) {
             // Written partly or not at all when the process died (or
             // damaged since): nothing in it can be trusted, except as a
@@ -268,15 +300,21 @@ pub(crate) fn recover(
             if let Some(&i) = index.get(&(header.owner_tag, header.owner_epoch)) {
                 unverified_claims.insert(i);
             }
+            let holds_frames = mark_len(
+                pool.segment(unit, 0)[HEADER_WORDS].load(Ordering::Relaxed),
+                stamp,
+            )
+            .is_some();
+            if holds_frames {
+                if let Some(hash) = first_frame_owner(pool, unit, stamp, check) {
+                    unnamed_frames_of.push((SegRef { unit, stamp }.pack(), hash));
+                }
+            }
             hints.push(Hint {
                 owner: (header.owner_tag, header.owner_epoch),
                 first_seq: header.first_seq,
                 prev: header.prev,
-                holds_frames: mark_len(
-                    pool.segment(unit, 0)[HEADER_WORDS].load(Ordering::Relaxed),
-                    stamp,
-                )
-                .is_some(),
+                holds_frames,
             });
             continue;
         }
@@ -288,10 +326,32 @@ pub(crate) fn recover(
             });
         }
     }
+    // A segment whose header failed its check but whose first frame
+    // stands whole, bound by its check (format 5) to a session, was that
+    // session's: whatever its header's words now say (two of them
+    // damaged, or the page of a header written back older than the unit's
+    // stamp), the session's chain may go on there, its numbers handed out
+    // already. Unless a header names it as predecessor (then it came
+    // before another segment, as an older part of a chain does), the
+    // session is not restored.
+    unnamed_frames_of.retain(|(seg, _)| !named.contains(seg));
+    let refused: HashSet<usize> = if unnamed_frames_of.is_empty() {
+        HashSet::new()
+    } else {
+        let hashes: HashSet<u32> = unnamed_frames_of.iter().map(|&(_, h)| h).collect();
+        owners
+            .iter()
+            .enumerate()
+            .filter(|(_, o)| hashes.contains(&owner_hash((o.tag, o.epoch))))
+            .map(|(i, _)| i)
+            .collect()
+    };
     let mut used = vec![false; units as usize];
     let mut kept = 0u64;
     for (i, candidates) in by_owner.iter().enumerate() {
-        let window = if candidates.is_empty() {
+        let window = if refused.contains(&i) {
+            None
+        } else if candidates.is_empty() {
             // A session whose every segment failed its check had events:
             // an empty window would hand their numbers out again.
             (!unverified_claims.contains(&i)).then(Window::new)

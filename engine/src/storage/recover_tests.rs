@@ -965,6 +965,49 @@ fn a_lost_seal_with_a_successor_whose_header_fails_its_check_restores_nothing() 
             );
         }
     }
+    // Two words of the head's header damaged (the link and the owner, so
+    // neither says whose successor it is), or its header lost whole (the
+    // page holding it never reached the device, the stamp's and the
+    // frames' did): the head's first frame still stands whole, and its
+    // check (format 5) says it is this session's. No header names the
+    // head as predecessor, so the chain may go on there: the session is
+    // not restored.
+    for restarted in [false, true] {
+        for damage in ["link and owner", "header lost"] {
+            let after = restart(&p);
+            let head = lose_seal(&after);
+            let words = after.segment(head, 0);
+            if damage == "header lost" {
+                for w in &words[..HEADER_WORDS] {
+                    w.store(0, Ordering::Relaxed);
+                }
+            } else {
+                words[1].fetch_xor(1 << 9, Ordering::Relaxed);
+                words[4].fetch_xor(1 << 9, Ordering::Relaxed);
+            }
+            let r = recover::recover(&after, &[A], CHECK, restarted);
+            assert_eq!(r.unverified_headers, 1);
+            assert!(
+                r.windows[0].is_none(),
+                "restarted: {restarted}, {damage}: restored with high water {:?}",
+                r.windows[0].as_ref().map(|w| w.high_water(&after))
+            );
+        }
+    }
+    // The same two words damaged in a sealed segment's header (its
+    // successor's seal whole): the successor names it, so it is an older
+    // part of the chain, dropped with what is older; the newer part is
+    // restored and nothing is numbered again.
+    for restarted in [false, true] {
+        let after = restart(&p);
+        let second = segment_starting_at(&after, 2);
+        after.segment(second, 0)[1].fetch_xor(1 << 9, Ordering::Relaxed);
+        after.segment(second, 0)[4].fetch_xor(1 << 9, Ordering::Relaxed);
+        let r = recover::recover(&after, &[A], CHECK, restarted);
+        let w = r.windows[0].as_ref().expect("the newer part is restored");
+        assert_eq!(w.high_water(&after), 16, "restarted: {restarted}");
+        assert_eq!(w.oldest_retained(&after), 5, "restarted: {restarted}");
+    }
     // A spare an appender was preparing when it died: its header not
     // finished (the check word, written last, still zero), naming the
     // head, holding no frames. After a process crash no number reached it
