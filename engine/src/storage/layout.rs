@@ -434,6 +434,35 @@ mod tests {
     }
 
     #[test]
+    fn the_owner_hash_comes_off_a_format_5_check_and_only_off_one() {
+        let check = FrameCheck::OwnerStreamAndPayload;
+        let (owner, stream, payload) = ((0xa5a5_0001, 7), 3, &b"payload"[..]);
+        let c = check.of(owner, stream, payload);
+        // Files already written keep verifying: the value is the one the
+        // format defines (payload CRC, stream hash and owner hash XORed).
+        let o = (owner.0 ^ owner.1.rotate_left(29)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        let want = crc32fast::hash(payload) ^ 4u32.wrapping_mul(0x9E37_79B1) ^ (o >> 32) as u32;
+        assert_eq!(c, want);
+        assert_eq!(
+            check.owner_hash_in(c, stream, payload),
+            Some(owner_hash(owner))
+        );
+        // Another stream or payload leaves another hash (no owner's).
+        assert_ne!(
+            check.owner_hash_in(c, stream + 1, payload),
+            Some(owner_hash(owner))
+        );
+        assert_ne!(
+            check.owner_hash_in(c, stream, b"paylaod"),
+            Some(owner_hash(owner))
+        );
+        for older in [FrameCheck::StreamAndPayload, FrameCheck::Payload] {
+            let c = older.of(owner, stream, payload);
+            assert_eq!(older.owner_hash_in(c, stream, payload), None);
+        }
+    }
+
+    #[test]
     fn states_round_trip_and_belong_to_their_allocation() {
         let stamp = 0x1234_5677;
         for s in [
