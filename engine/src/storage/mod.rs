@@ -55,6 +55,19 @@
 //! directory's) also gives each new segment header its CRC-32 check; a
 //! heap pool, never recovered, does not (`Pool::header_checks`).
 //!
+//! The allocation is usually no trip through the free lists: retention
+//! runs first, and when the segment it releases is of the class the next
+//! head needs (a session past its first segments, at its retention), that
+//! segment is stamped free and allocated again to the appender
+//! (`Pool::reuse`: two stamp stores, no RMW) and becomes the next head. A
+//! session's steady state is then a ring of its own segments, which stay
+//! in the cache of the core that writes it; through the lists, a
+//! segment freed on one core is as likely to be handed to a session
+//! written on another, each of whose lines then moves between the cores
+//! as it is written (on an Intel Xeon, two single writers on one pool
+//! took 2.7× the time of two on pools of their own: BENCHMARKS.md, run
+//! AT).
+//!
 //! The frame's stores: its table entry, meta and time words, the payload,
 //! and the mark. The payload's whole words go two at a time (16-byte
 //! stores on x86-64, `words::store_words`), its last partial word as one
@@ -76,7 +89,8 @@
 //! writer that hands the session back to shared appends zeroes what is
 //! left of its head first. Loom model
 //! `loom_a_reader_racing_a_single_writer_never_reads_an_earlier_owners_words`.
-//! A full head costs the allocation, the seal (a `Release` store: nobody
+//! A full head costs the allocation (usually the reuse of the segment
+//! retention releases, as above), the seal (a `Release` store: nobody
 //! else writes a live writer's head state) and a CAS of `head`, which
 //! fails only if a close came first.
 //!

@@ -63,6 +63,8 @@
 //! `fetch_sub` of the free counter; a split adds one CAS per level (an
 //! empty warm list adds one load, of the cold list).
 //! `free`: one store, one CAS (the push), one `fetch_add`.
+//! `reuse` (a free and an allocation of the same segment by its owner):
+//! two stamp stores and a load, no RMW, no free list.
 //! A trim pass (off the hot paths, once per sweep): per class one swap
 //! (the take), then per free segment one load and one CAS (back on a
 //! list), a stamp store for a newly marked one, and per released segment
@@ -602,6 +604,30 @@ impl Pool {
                     })
                 })
             })?;
+        Some(self.stamp_allocated(unit))
+    }
+
+    /// Gives `seg`, which its owner is releasing, straight back to that
+    /// owner as a new allocation of the same class: what [`free`]
+    /// and then an [`alloc`] that pops this very segment do (its stamp
+    /// moves past the old allocation's twice, so a reader still holding a
+    /// place in it sees it released), without the free list's CAS and
+    /// counters. A window that releases its oldest segment as it opens the
+    /// next one keeps writing into memory its own core has in cache; the
+    /// free list would as likely hand that segment to another session on
+    /// another core, and this one a segment still in that core's cache
+    /// (BENCHMARKS.md, run AT).
+    ///
+    /// [`free`]: Self::free
+    /// [`alloc`]: Self::alloc
+    pub(crate) fn reuse(&self, seg: SegRef) -> SegRef {
+        self.stamp_freed(seg);
+        self.stamp_allocated(seg.unit)
+    }
+
+    /// The allocation of `unit`, taken off the free lists or reused: its
+    /// stamp made odd and new, the allocation mark lowered to it.
+    fn stamp_allocated(&self, unit: u32) -> SegRef {
         if let Some(mark) = self.mark_word() {
             // Lowered before the unit is stamped, so no owned unit is ever
             // below the mark. In the page cache at once (a process crash
@@ -618,7 +644,7 @@ impl Pool {
         // fence; a reader that loads one of them and then fences (Acquire)
         // sees the new stamp.
         fence(Ordering::Release);
-        Some(SegRef { unit, stamp })
+        SegRef { unit, stamp }
     }
 
     /// Lowers the allocation mark to `unit` if it is above it. Rare: only
@@ -683,11 +709,16 @@ impl Pool {
     /// Releases the segment `seg` of `class`. The caller guarantees no
     /// writer will touch it again (every claimed frame is published).
     pub(crate) fn free(&self, seg: SegRef, class: u8) {
+        self.stamp_freed(seg);
+        self.push(seg.unit, class);
+    }
+
+    /// Moves `seg`'s stamp past its allocation (even: free).
+    fn stamp_freed(&self, seg: SegRef) {
         // Only the one owner frees; Relaxed + the fence below suffice.
         self.stamp(seg.unit)
             .store(u64::from(seg.stamp.wrapping_add(1)), Ordering::Relaxed);
         fence(Ordering::Release);
-        self.push(seg.unit, class);
     }
 
     fn link(&self, unit: u32) -> &AtomicU64 {

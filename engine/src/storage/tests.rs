@@ -1114,6 +1114,80 @@ fn a_single_writer_appends_what_a_shared_writer_would_across_segments() {
     assert!(single.oldest_retained(&p) > 100, "old segments released");
 }
 
+/// Appends to `w` (by its single writer when `writer` is given) until its
+/// oldest segment changes; returns the new head's and the released
+/// oldest's allocations, and the frames read from a cursor placed in the
+/// released segment before it went.
+fn roll_the_oldest_segment(
+    w: &Window,
+    p: &Pool,
+    k: &Retention,
+    mut writer: Option<&mut SingleWriter>,
+    next_seq: &mut u64,
+) -> (SegRef, SegRef, Read) {
+    let mut append = |w: &Window, seq: u64| match writer.as_deref_mut() {
+        Some(writer) => w.append_single(p, A, k, writer, 0, 0, &payload(seq, 40), 0),
+        None => w.append(p, A, k, 0, 0, &payload(seq, 40), 0),
+    };
+    let (oldest, header) = w.oldest_segment(p).expect("the window holds events");
+    let mut c = w.cursor_after(header.first_seq - 1);
+    let mut buf = Vec::new();
+    assert!(matches!(
+        w.read(p, A, &mut c, None, &mut buf),
+        Read::Event(_)
+    ));
+    while w.oldest_segment(p).map(|(seg, _)| seg) == Some(oldest) {
+        assert_eq!(append(w, *next_seq), Ok(*next_seq));
+        *next_seq += 1;
+    }
+    let head = SegRef::unpack(w.head_word()).expect("a head");
+    (head, oldest, w.read(p, A, &mut c, None, &mut buf))
+}
+
+#[test]
+fn a_window_opening_a_segment_of_its_oldest_class_reuses_the_oldest_and_its_readers_lag() {
+    let k = keep(8, 1 << 20);
+    for single in [false, true] {
+        let p = pool(64, 4);
+        let w = if single {
+            Window::new_single()
+        } else {
+            Window::new()
+        };
+        let mut writer = SingleWriter::new();
+        let first = if single {
+            w.append_single(&p, A, &k, &mut writer, 0, 0, &payload(1, 40), 0)
+        } else {
+            w.append(&p, A, &k, 0, 0, &payload(1, 40), 0)
+        };
+        assert_eq!(first, Ok(1));
+        let mut seq = 2;
+        // Past the first, smaller segments: the window's classes settle.
+        for _ in 0..4 {
+            let writer = single.then_some(&mut writer);
+            roll_the_oldest_segment(&w, &p, &k, writer, &mut seq);
+        }
+        let free = p.free_bytes();
+        for _ in 0..4 {
+            let writer = single.then_some(&mut writer);
+            let (head, released, read) = roll_the_oldest_segment(&w, &p, &k, writer, &mut seq);
+            assert_eq!(head.unit, released.unit, "single {single}: reused");
+            assert_ne!(head.stamp, released.stamp, "a new allocation");
+            assert!(
+                matches!(read, Read::Lagged { .. }),
+                "single {single}: a reader in the released segment lags, got {read:?}"
+            );
+            assert_eq!(p.free_bytes(), free, "nothing went through the lists");
+        }
+        let kept = read_all(&w, &p, A, w.oldest_retained(&p) - 1, None);
+        assert!(kept.len() >= 8);
+        for (n, body) in &kept {
+            assert_eq!(body, &payload(*n, 40), "event {n} is its own");
+        }
+        assert_eq!(kept.last().map(|e| e.0), Some(seq - 1));
+    }
+}
+
 #[test]
 fn segments_grow_to_hold_several_large_events_within_the_roomy_class() {
     // 128-byte units. A 300-byte event's frame (328 bytes) needs a

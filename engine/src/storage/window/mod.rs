@@ -272,6 +272,9 @@ struct Released {
     /// window wait instead: without that, one writer descheduled in the
     /// middle of a frame lets the others fill the whole pool.
     stalled: bool,
+    /// The segment released last, allocated again to the caller, when the
+    /// caller asked for one of its class ([`Pool::reuse`]).
+    reused: Option<SegRef>,
 }
 
 /// A segment of a closed window that still had a frame being written; the

@@ -116,7 +116,20 @@ impl Window {
                     // retention meanwhile, up to twice it; then they wait
                     // for that writer, which is inside a copy that takes no
                     // lock and ends as soon as it runs again.
-                    if self.release_oldest(pool, keep, false, false).stalled {
+                    // The segment this releases, if of the class wanted,
+                    // becomes the spare the next head is made of (unless a
+                    // lost seal left one already).
+                    let released = self.release_oldest(
+                        pool,
+                        keep,
+                        false,
+                        false,
+                        spare.is_none().then_some(wanted),
+                    );
+                    if let Some(seg) = released.reused {
+                        spare = Some((seg, wanted));
+                    }
+                    if released.stalled {
                         if !stalled {
                             stalled = true;
                             pool.count_append_stall();
@@ -309,13 +322,19 @@ impl Window {
         }
         let wanted = need_class.max(keep.next_class(pool, h.class, frame_bytes));
         let first_seq = h.first_seq + u64::from(h.count);
-        let (seg, class) = loop {
-            if let Some(got) = take_spare(pool, &mut None, wanted, need_class) {
-                break got;
-            }
-            if self.release_oldest(pool, keep, false, true).units == 0 {
-                return Err(AppendFailure::PoolFull { class: need_class });
-            }
+        // Retention first: the segment it releases, if of the class wanted,
+        // becomes the next head without a trip through the pool's lists.
+        let reused = self.release_oldest(pool, keep, false, true, Some(wanted));
+        let (seg, class) = match reused.reused {
+            Some(seg) => (seg, wanted),
+            None => loop {
+                if let Some(got) = take_spare(pool, &mut None, wanted, need_class) {
+                    break got;
+                }
+                if self.release_oldest(pool, keep, false, true, None).units == 0 {
+                    return Err(AppendFailure::PoolFull { class: need_class });
+                }
+            },
         };
         init_segment(
             pool,
@@ -349,7 +368,7 @@ impl Window {
         ) {
             Ok(_) => {
                 *h = WriterHead::new(pool, seg, class, first_seq);
-                self.release_oldest(pool, keep, false, true);
+                self.release_oldest(pool, keep, false, true, None);
                 Ok(())
             }
             Err(_) => {
@@ -490,18 +509,22 @@ impl Window {
     /// `keep` (or, with `force`, releases one oldest segment that is not the
     /// head whatever `keep` says). Returns the units released.
     pub(crate) fn retain(&self, pool: &Pool, keep: &Retention, force: bool) -> u32 {
-        self.release_oldest(pool, keep, force, false).units
+        self.release_oldest(pool, keep, force, false, None).units
     }
 
     /// [`retain`](Self::retain), told by a live single writer that every
     /// frame before the head is published (it finished each before it
     /// moved on): no need to check the marks of the segment released.
+    /// With `reuse`, an appender about to open a segment of that class: the
+    /// first released segment of the class is not freed but allocated
+    /// again to it ([`Released::reused`]), and the pass ends there.
     fn release_oldest(
         &self,
         pool: &Pool,
         keep: &Retention,
         force: bool,
         written: bool,
+        reuse: Option<u8>,
     ) -> Released {
         let mut released = Released::default();
         loop {
@@ -584,8 +607,12 @@ impl Window {
                 .is_ok()
             {
                 self.held_units.fetch_sub(old_units, Ordering::Relaxed);
-                pool.free(oldest, old.class());
                 released.units += old_units;
+                if reuse == Some(old.class()) {
+                    released.reused = Some(pool.reuse(oldest));
+                    return released;
+                }
+                pool.free(oldest, old.class());
                 if force {
                     return released;
                 }
