@@ -157,17 +157,19 @@ fn spawn_first_event_reader(p: &Arc<Pool>, wa: &Arc<Window>) -> thread::JoinHand
 #[test]
 fn loom_a_reader_racing_release_and_reuse_never_sees_the_new_owner() {
     loom::model(|| {
-        // Three units: A's first segment is released when its third is
-        // linked, and B reuses it.
+        // Three units: A's first segment is released by a retention pass
+        // once its second holds an event, and B reuses it. (A third
+        // append by A would reuse it itself, `Pool::reuse`.)
         let p = Arc::new(pool(3, 0));
         let wa = Arc::new(Window::new());
         let wb = Window::new();
         wa.append(&p, A, &keep(1), 0, 1, &body(0, 1), 0).unwrap();
         let reader = spawn_first_event_reader(&p, &wa);
-        // A moves on to its third segment; retention (1 event) releases
-        // the first; B takes it and writes there.
+        // A moves on to its second segment; retention (1 event, as the
+        // engine's sweep runs it) releases the first; B takes it and
+        // writes there.
         wa.append(&p, A, &keep(1), 0, 2, &body(0, 2), 0).unwrap();
-        wa.append(&p, A, &keep(1), 0, 3, &body(0, 3), 0).unwrap();
+        assert_eq!(wa.retain(&p, &keep(1), false), 1);
         wb.append(&p, B, &keep(1), 9, 3, &body(9, 9), 0)
             .expect("B reuses A's released first segment");
         let mut c = wb.cursor_after(0);
@@ -205,10 +207,10 @@ fn loom_a_reader_that_saw_a_claim_is_told_when_its_segment_is_reused() {
         if !matches!(first, Read::Pending) {
             return;
         }
-        // A moves on to its third segment; retention releases its first;
-        // B reuses it.
+        // A moves on to its second segment; a retention pass releases its
+        // first; B reuses it.
         wa.append(&p, A, &keep(1), 0, 2, &body(0, 2), 0).unwrap();
-        wa.append(&p, A, &keep(1), 0, 3, &body(0, 3), 0).unwrap();
+        assert_eq!(wa.retain(&p, &keep(1), false), 1);
         wb.append(&p, B, &keep(1), 9, 3, &body(9, 9), 0)
             .expect("B reuses A's released first segment");
         match wa.read(&p, A, &mut c, None, &mut Vec::new()) {
@@ -261,12 +263,13 @@ fn loom_an_appender_never_numbers_a_segment_from_a_reused_head() {
                 });
             })
         };
-        // A moves on twice; retention (1 event) releases its first segment
-        // at the second install. B, full too, takes that unit and numbers
-        // it from 1001 — while the racer may still be looking at it as A's
-        // full head.
+        // A moves on; a retention pass (1 event) releases its first
+        // segment. B, full too, takes that unit and numbers it from 1001 —
+        // while the racer may still be looking at it as A's full head. (A
+        // second install by A would reuse the unit itself, `Pool::reuse`;
+        // the racer's may, and then B takes another.)
         ok(wa.append(&p, A, &keep(1), 1, 2, &body(1, 2), 0), 2..=4);
-        ok(wa.append(&p, A, &keep(1), 1, 3, &body(1, 3), 0), 2..=4);
+        wa.retain(&p, &keep(1), false);
         ok(
             wb.append(&p, B, &keep(1), 9, 2, &body(9, 1), 0),
             1001..=1001,
@@ -595,10 +598,10 @@ fn loom_a_reader_waiting_at_the_end_of_a_released_segment_reads_on() {
     loom::model(|| {
         // One frame per segment, a retention of one event. The reader has
         // read event 1 and waits at the end of its segment; the writer
-        // appends 2 and 3 (the install for 3 releases event 1's segment)
-        // and another session takes the freed segment. Events 2 and 3 are
-        // still held: the reader must read them, never report a gap.
-        // Three units: the other session can only take event 1's.
+        // appends 2 and 3 (the install for 3 releases event 1's segment
+        // and reuses it for event 3, `Pool::reuse`), and another session
+        // takes the pool's last unit. Events 2 and 3 are still held: the
+        // reader must read them, never report a gap.
         let p = Arc::new(pool(3, 0));
         let wa = Arc::new(Window::new());
         let k = keep(1);
@@ -702,9 +705,9 @@ fn loom_a_batch_reader_across_segment_boundaries_reads_every_event() {
 }
 
 /// The batch path racing release and reuse: one frame per segment and a
-/// retention of one event, so the third append releases the first
-/// segment, and session B takes the freed unit and writes its own bytes
-/// there. The batch reader, placed at the start, must never return B's
+/// retention of one event, so a retention pass after the second append
+/// releases the first segment, and session B takes the freed unit and
+/// writes its own bytes there. The batch reader, placed at the start, must never return B's
 /// bytes (or zeroes) as A's events, and must not be told of a gap the
 /// window does not have: event 2 stays held (retention releases only
 /// whole segments older than the newest event's), so only event 1 may be
@@ -728,7 +731,7 @@ fn loom_a_batch_reader_racing_release_and_reuse_never_sees_the_new_owner() {
         wa.append(&p, A, &k, 0, 1, &body(0, 1), 0).unwrap();
         let reader = spawn_batch_reader(&p, &wa, wa.cursor_after(0), 2);
         wa.append(&p, A, &k, 0, 1, &body(0, 2), 0).unwrap();
-        wa.append(&p, A, &k, 0, 1, &body(0, 3), 0).unwrap();
+        assert_eq!(wa.retain(&p, &k, false), 1);
         let wb = Window::new();
         wb.append(&p, B, &k, 9, 1, &body(9, 9), 0)
             .expect("B reuses A's released first segment");
