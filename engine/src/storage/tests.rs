@@ -1114,10 +1114,24 @@ fn a_single_writer_appends_what_a_shared_writer_would_across_segments() {
     assert!(single.oldest_retained(&p) > 100, "old segments released");
 }
 
-/// Appends to `w` (by its single writer when `writer` is given) until its
-/// oldest segment changes; returns the new head's and the released
-/// oldest's allocations, and the frames read from a cursor placed in the
-/// released segment before it went.
+/// Appends event `seq` (40 bytes) to `w`: by its single writer when
+/// `writer` is given, else as a shared appender.
+fn append_event(
+    w: &Window,
+    p: &Pool,
+    k: &Retention,
+    writer: Option<&mut SingleWriter>,
+    seq: u64,
+) -> Result<u64, AppendFailure> {
+    match writer {
+        Some(writer) => w.append_single(p, A, k, writer, 0, 0, &payload(seq, 40), 0),
+        None => w.append(p, A, k, 0, 0, &payload(seq, 40), 0),
+    }
+}
+
+/// Appends to `w` ([`append_event`]) until its oldest segment changes;
+/// returns the new head's and the released oldest's allocations, and what
+/// a cursor placed in the released segment before it went reads next.
 fn roll_the_oldest_segment(
     w: &Window,
     p: &Pool,
@@ -1125,10 +1139,6 @@ fn roll_the_oldest_segment(
     mut writer: Option<&mut SingleWriter>,
     next_seq: &mut u64,
 ) -> (SegRef, SegRef, Read) {
-    let mut append = |w: &Window, seq: u64| match writer.as_deref_mut() {
-        Some(writer) => w.append_single(p, A, k, writer, 0, 0, &payload(seq, 40), 0),
-        None => w.append(p, A, k, 0, 0, &payload(seq, 40), 0),
-    };
     let (oldest, header) = w.oldest_segment(p).expect("the window holds events");
     let mut c = w.cursor_after(header.first_seq - 1);
     let mut buf = Vec::new();
@@ -1137,7 +1147,8 @@ fn roll_the_oldest_segment(
         Read::Event(_)
     ));
     while w.oldest_segment(p).map(|(seg, _)| seg) == Some(oldest) {
-        assert_eq!(append(w, *next_seq), Ok(*next_seq));
+        let appended = append_event(w, p, k, writer.as_deref_mut(), *next_seq);
+        assert_eq!(appended, Ok(*next_seq));
         *next_seq += 1;
     }
     let head = SegRef::unpack(w.head_word()).expect("a head");
@@ -1155,11 +1166,7 @@ fn a_window_opening_a_segment_of_its_oldest_class_reuses_the_oldest_and_its_read
             Window::new()
         };
         let mut writer = SingleWriter::new();
-        let first = if single {
-            w.append_single(&p, A, &k, &mut writer, 0, 0, &payload(1, 40), 0)
-        } else {
-            w.append(&p, A, &k, 0, 0, &payload(1, 40), 0)
-        };
+        let first = append_event(&w, &p, &k, single.then_some(&mut writer), 1);
         assert_eq!(first, Ok(1));
         let mut seq = 2;
         // Past the first, smaller segments: the window's classes settle.
