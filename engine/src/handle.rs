@@ -180,7 +180,7 @@ impl SessionHandle {
             self.shared.metrics.add(Counter::AppendsRefused, 1);
             return Err(AppendError::SingleWriter);
         }
-        self.append_with(stream, payload, |shared, now, check| {
+        self.append_with::<true>(stream, payload, |shared, now, check| {
             s.window.append(
                 &shared.pool,
                 s.owner(),
@@ -196,8 +196,12 @@ impl SessionHandle {
     /// What both append paths share around the window's own: the stream
     /// check, the clock, the durable pool's CRC, making room when the pool
     /// is full, the sync, the activity stamp and the wake-up.
+    ///
+    /// `SHARED`: the window append was a shared one, whose claim CAS the
+    /// wake-up check builds on (`Session::listen`); a single writer's
+    /// claims nothing and pays the check's own RMW.
     #[inline(always)]
-    fn append_with(
+    fn append_with<const SHARED: bool>(
         &self,
         stream: u32,
         payload: &[u8],
@@ -248,7 +252,11 @@ impl SessionHandle {
             let _ = shared.sync_durable();
         }
         s.touch(now);
-        s.wake();
+        if SHARED {
+            s.wake_after_claim();
+        } else {
+            s.wake();
+        }
         Ok(s.event_id(stream, seq))
     }
 
@@ -415,7 +423,7 @@ impl SessionWriter {
     pub fn append(&mut self, stream: u32, payload: &[u8]) -> Result<EventId, AppendError> {
         let SessionWriter { handle, state } = self;
         let s = &*handle.session;
-        handle.append_with(stream, payload, |shared, now, check| {
+        handle.append_with::<false>(stream, payload, |shared, now, check| {
             s.window.append_single(
                 &shared.pool,
                 s.owner(),

@@ -14,7 +14,7 @@
 //! way to point it at another session's events.
 
 use std::fmt;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::handle::SessionHandle;
@@ -22,6 +22,7 @@ use crate::id::EventId;
 use crate::metrics::{Counter, Metrics};
 use crate::session::Waiter;
 use crate::storage::{Cursor, Read};
+use crate::sync::Spin;
 
 /// Why a reader cannot go on from where it is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -71,6 +72,13 @@ pub struct Replay {
     unreported: (u64, u64),
     /// The window's hold slot, once [`hold`](Replay::hold) got one.
     held: Option<usize>,
+    /// A [`listen`](Replay::listen) came since the last read that found
+    /// nothing: the next such read, if it stops at a frame an appender has
+    /// claimed but not published yet, waits for that frame rather than
+    /// return (the appender's wake-up check may not have seen the
+    /// listener; `Session::listen`). Written only through `&mut self`
+    /// apart from `listen`'s store, so its loads are plain.
+    listened: AtomicBool,
 }
 
 /// A place held in a session without a reader: retention keeps the events
@@ -149,6 +157,7 @@ impl Replay {
             stream,
             unreported: (0, 0),
             held: None,
+            listened: AtomicBool::new(false),
         }
     }
 
@@ -208,26 +217,35 @@ impl Replay {
         let s = &*self.handle.session;
         let metrics = &self.handle.shared.metrics;
         let all = self.stream == ALL_STREAMS;
-        let read = s.window.read(
-            &self.handle.shared.pool,
-            s.owner(),
-            &mut self.cursor,
-            (!all).then_some(self.stream),
-            buf,
-        );
-        self.moved();
-        match read {
-            Read::Event(meta) => {
-                self.position = meta.seq;
-                self.unreported.0 += 1;
-                self.unreported.1 += meta.len as u64;
-                if self.unreported.0 >= REPORT_EVERY {
-                    report(metrics, &mut self.unreported);
+        let spin = Spin::new();
+        let mut waiting = false;
+        loop {
+            let read = s.window.read(
+                &self.handle.shared.pool,
+                s.owner(),
+                &mut self.cursor,
+                (!all).then_some(self.stream),
+                buf,
+            );
+            self.moved();
+            match read {
+                Read::Event(meta) => {
+                    self.position = meta.seq;
+                    self.unreported.0 += 1;
+                    self.unreported.1 += meta.len as u64;
+                    if self.unreported.0 >= REPORT_EVERY {
+                        report(metrics, &mut self.unreported);
+                    }
+                    let stream = if all { meta.stream } else { self.stream };
+                    return Ok(Some(s.event_id(stream, meta.seq)));
                 }
-                let stream = if all { meta.stream } else { self.stream };
-                Ok(Some(s.event_id(stream, meta.seq)))
+                Read::Pending
+                    if waits_for_writer(&mut self.listened, &self.cursor, &mut waiting) =>
+                {
+                    spin.snooze()
+                }
+                other => return self.stopped(other).map(|_| None),
             }
-            other => self.stopped(other).map(|_| None),
         }
     }
 
@@ -276,39 +294,49 @@ impl Replay {
         max_events: usize,
         max_bytes: usize,
     ) -> Result<usize, ReplayError> {
-        batch.clear();
         let s = &*self.handle.session;
-        batch.id = s.event_id(self.stream, 0);
-        if max_events == 0 {
-            return Ok(0);
-        }
-        // Ends are kept as u32: stop well before 4 GiB.
-        let max_bytes = max_bytes.min(1 << 31);
-        let Batch { data, events, .. } = batch;
-        let stopped = s.window.read_many(
-            &self.handle.shared.pool,
-            s.owner(),
-            &mut self.cursor,
-            self.stream,
-            data,
-            events,
-            max_events,
-            max_bytes,
-        );
-        self.moved();
-        let n = batch.events.len();
-        if let Some(&(last, _, _)) = batch.events.last() {
-            self.position = last;
-            self.unreported.0 += n as u64;
-            self.unreported.1 += batch.payload_bytes() as u64;
-            if self.unreported.0 >= REPORT_EVERY {
-                report(&self.handle.shared.metrics, &mut self.unreported);
+        let spin = Spin::new();
+        let mut waiting = false;
+        loop {
+            batch.clear();
+            batch.id = s.event_id(self.stream, 0);
+            if max_events == 0 {
+                return Ok(0);
             }
-            return Ok(n);
-        }
-        match stopped {
-            None => Ok(0),
-            Some(read) => self.stopped(read).map(|_| 0),
+            // Ends are kept as u32: stop well before 4 GiB.
+            let max_bytes = max_bytes.min(1 << 31);
+            let Batch { data, events, .. } = batch;
+            let stopped = s.window.read_many(
+                &self.handle.shared.pool,
+                s.owner(),
+                &mut self.cursor,
+                self.stream,
+                data,
+                events,
+                max_events,
+                max_bytes,
+            );
+            self.moved();
+            let n = batch.events.len();
+            if let Some(&(last, _, _)) = batch.events.last() {
+                self.position = last;
+                self.unreported.0 += n as u64;
+                self.unreported.1 += batch.payload_bytes() as u64;
+                if self.unreported.0 >= REPORT_EVERY {
+                    report(&self.handle.shared.metrics, &mut self.unreported);
+                }
+                return Ok(n);
+            }
+            return match stopped {
+                None => Ok(0),
+                Some(Read::Pending)
+                    if waits_for_writer(&mut self.listened, &self.cursor, &mut waiting) =>
+                {
+                    spin.snooze();
+                    continue;
+                }
+                Some(read) => self.stopped(read).map(|_| 0),
+            };
         }
     }
 
@@ -331,7 +359,9 @@ impl Replay {
     /// `None`: an append between the two calls is then never missed.
     /// Appenders pay for a wake-up only while a reader is registered.
     pub fn listen(&self) -> Waiter {
-        self.handle.session.listen()
+        // Relaxed: read by this reader's own next read, through `&mut self`.
+        self.listened.store(true, Ordering::Relaxed);
+        self.handle.session.listen(&self.handle.shared.pool)
     }
 
     /// Blocks the thread until the next event, the end of the session, or
@@ -456,4 +486,14 @@ impl Drop for Replay {
         }
         self.handle.session.busy.fetch_sub(1, Ordering::Relaxed);
     }
+}
+
+/// After a read found nothing: whether it stopped at a frame being copied
+/// that a reader about to park must wait for (see `Replay::listened`).
+/// `waiting` keeps the answer for the reads that follow until the frame is
+/// published.
+#[inline]
+fn waits_for_writer(listened: &mut AtomicBool, cursor: &Cursor, waiting: &mut bool) -> bool {
+    *waiting = (*waiting || std::mem::take(listened.get_mut())) && cursor.at_a_claimed_frame();
+    *waiting
 }

@@ -578,6 +578,51 @@ fn blocking_reader_wakes_on_append_from_another_thread() {
     );
 }
 
+/// Shared appenders pay no locked instruction for the wake-up check: the
+/// parking reader announces itself on the word they claim on and waits
+/// for a frame it finds claimed but not yet written. A reader that parks
+/// the moment it has read everything, against two writers that each
+/// append the moment it has: every round races the listen with an append
+/// (and, every few rounds, with a segment roll). A lost wake-up shows as
+/// a `wait_next` that times out. The race it would lose is a few
+/// nanoseconds wide, so this checks the whole path end to end (listen,
+/// announce, waiting out a frame being copied) rather than proves it: the
+/// loom model `loom_a_shared_append_wakes_a_reader_that_announced_itself`
+/// does that (and fails without the announcement).
+#[test]
+fn a_reader_racing_shared_appenders_is_woken_for_every_event() {
+    const ROUNDS: u64 = 20_000;
+    let e = Engine::new(config(64, 1 << 22)).unwrap();
+    let s = e.open(None).unwrap();
+    let mut r = s.subscribe(0);
+    let (go, turns) = std::sync::mpsc::channel::<u64>();
+    let turns = std::sync::Arc::new(std::sync::Mutex::new(turns));
+    let writers: Vec<_> = (0..2u64)
+        .map(|w| {
+            let (s, turns) = (s.clone(), turns.clone());
+            std::thread::spawn(move || loop {
+                let Ok(n) = turns.lock().unwrap().recv() else {
+                    return;
+                };
+                let mut payload = n.to_le_bytes().to_vec();
+                payload.resize(8 + (n % 5 * 40) as usize, w as u8);
+                s.append(0, &payload).unwrap();
+            })
+        })
+        .collect();
+    let mut buf = Vec::new();
+    for n in 0..ROUNDS {
+        go.send(n).unwrap();
+        let got = r.wait_next(&mut buf, Duration::from_secs(20)).unwrap();
+        assert!(got.is_some(), "round {n}: no wake-up for an appended event");
+        assert_eq!(buf[..8], n.to_le_bytes(), "round {n}");
+    }
+    drop(go);
+    for w in writers {
+        w.join().unwrap();
+    }
+}
+
 #[test]
 fn garbage_headers_never_panic() {
     let e = Engine::new(config(64, 1 << 20)).unwrap();

@@ -322,6 +322,56 @@ fn loom_wake_ups_are_never_lost() {
     });
 }
 
+/// The shared appenders' wake-up check (`Session::listen`): no RMW of the
+/// waiter count after the append, only a plain load; the reader announces
+/// itself on the word claims are CASed on (`Window::announce`) and reads
+/// again, waiting for a frame it finds claimed but not yet published.
+/// The writer's first append installs the window's first segment (the
+/// reader may announce on the empty head word), its second seals that
+/// segment and claims in the next (the reader may announce on the first
+/// segment's state, or on the second's after helping the head swing). The
+/// reader waits for event 2: whenever it parks, the second append's check
+/// must see it.
+#[test]
+fn loom_a_shared_append_wakes_a_reader_that_announced_itself() {
+    use crate::sync::{AtomicBool, AtomicU32, Ordering};
+    loom::model(|| {
+        let p = Arc::new(pool(3, 0));
+        let w = Arc::new(Window::new());
+        let waiters = Arc::new(AtomicU32::new(0));
+        let woken = Arc::new(AtomicBool::new(false));
+        let writer = {
+            let (p, w, waiters, woken) = (p.clone(), w.clone(), waiters.clone(), woken.clone());
+            thread::spawn(move || {
+                for n in 1..=2u64 {
+                    let seq = w.append(&p, A, &keep(8), 1, 0, &body(1, n), 0);
+                    assert_eq!(seq, Ok(n));
+                    if n == 2 && waiters.load(Ordering::Relaxed) > 0 {
+                        woken.store(true, Ordering::Release);
+                    }
+                }
+            })
+        };
+        waiters.fetch_add(1, Ordering::AcqRel);
+        assert!(w.announce(&p), "the head settles within the model");
+        let mut cursor = w.cursor_after(1);
+        let mut buf = Vec::new();
+        let parked = loop {
+            match w.read(&p, A, &mut cursor, Some(1), &mut buf) {
+                Read::Event(e) => {
+                    assert_eq!((e.seq, &buf[..]), (2, &body(1, 2)[..]));
+                    break false;
+                }
+                Read::Pending if cursor.at_a_claimed_frame() => thread::yield_now(),
+                Read::Pending => break true,
+                other => panic!("{other:?}"),
+            }
+        };
+        writer.join().unwrap();
+        assert!(!parked || woken.load(Ordering::Acquire), "lost wake-up");
+    });
+}
+
 #[test]
 fn loom_a_single_writer_racing_a_close_never_writes_into_a_segment_given_away() {
     loom::model(|| {

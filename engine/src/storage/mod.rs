@@ -45,9 +45,14 @@
 //!
 //! Cost of an append into a segment with room, uncontended: three loads,
 //! one CAS (the only locked RMW), the frame's stores and one `Release`
-//! store. No fence. (The engine adds its wake-up check, `Session::wake`:
-//! one `AcqRel` RMW of the session's waiter count that leaves it unchanged
-//! — a locked instruction on x86, no fence.) Opening the next segment adds
+//! store. No fence. (The engine adds its wake-up check: a plain load of
+//! the session's waiter count, `Session::wake_after_claim`. The claim CAS,
+//! `Acquire`, is what makes a plain load enough: a parking reader announces
+//! itself with an RMW on the word claims are CASed on, `Window::announce`,
+//! and a reader that then finds a frame claimed but not yet published
+//! waits for it instead of parking. Loom model
+//! `loom_a_shared_append_wakes_a_reader_that_announced_itself`.) Opening
+//! the next segment adds
 //! the allocation, the seal and head CASes, and the zeroing of the new
 //! segment (below, "Reuse is detected"): about one more word written per
 //! word appended (one `rep stosb` per segment on x86-64,
@@ -104,8 +109,10 @@
 //! A writer that is dropped before any close hands the session back to
 //! shared appends (its `Release` RMW, their `Acquire` load of `single`).
 //!
-//! With the engine's wake-up check (one locked instruction, as above), a
-//! single-writer append costs one RMW, a shared one two.
+//! A single writer claims nothing, so the engine's wake-up check after its
+//! append is an `AcqRel` RMW of the session's waiter count that leaves it
+//! unchanged (`Session::wake`; loom model `loom_wake_ups_are_never_lost`):
+//! a single-writer append costs one RMW, a shared one one (its claim).
 //!
 //! # Read (any number of readers, never waiting, never writing)
 //!

@@ -1714,3 +1714,48 @@ fn a_cursor_placed_by_a_sealed_segments_kept_count_reads_on_into_its_successor()
     single.close(&p);
     other.close(&p);
 }
+
+/// What the shared appenders' wake-up check asks of a parking reader
+/// (`Session::listen`): its announcement lands on the word the next claim
+/// is CASed on, whatever state the window is in, and a read that stops at
+/// a frame claimed but not written says so, while one that stops where
+/// nothing is claimed does not.
+#[test]
+fn a_reader_tells_a_frame_being_written_from_nothing_claimed() {
+    let p = pool(8, 3);
+    let k = keep(1 << 20, 1 << 20);
+    let w = Window::new();
+    let mut c = w.cursor_after(0);
+    let mut buf = Vec::new();
+    // Empty: the announcement is on the head word, which it leaves as it was.
+    assert!(w.announce(&p));
+    assert_eq!(w.head_word(), 0);
+    assert_eq!(w.read(&p, A, &mut c, None, &mut buf), Read::Pending);
+    assert!(!c.at_a_claimed_frame(), "nothing is claimed yet");
+    w.append(&p, A, &k, 0, 0, b"one", 0).unwrap();
+    assert!(matches!(
+        w.read(&p, A, &mut c, None, &mut buf),
+        Read::Event(_)
+    ));
+    assert_eq!(w.read(&p, A, &mut c, None, &mut buf), Read::Pending);
+    assert!(
+        !c.at_a_claimed_frame(),
+        "frame 1 was read, frame 2 not claimed"
+    );
+    // Open head: announced on its state word, which keeps its value.
+    let head = SegRef::unpack(w.head_word()).unwrap();
+    let state = p.state(head.unit).load(crate::sync::Ordering::Relaxed);
+    assert!(w.announce(&p));
+    assert_eq!(
+        p.state(head.unit).load(crate::sync::Ordering::Relaxed),
+        state
+    );
+    assert_eq!(w.head_word(), head.pack());
+    // A writer claims frame 2 and is still copying it.
+    claim_unwritten(&p, head, 32);
+    assert_eq!(w.read(&p, A, &mut c, None, &mut buf), Read::Pending);
+    assert!(c.at_a_claimed_frame(), "frame 2 is claimed, not written");
+    // Closed: nothing to announce on, and the close wakes every reader.
+    w.close(&p);
+    assert!(w.announce(&p));
+}

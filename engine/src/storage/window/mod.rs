@@ -118,6 +118,19 @@ impl Cursor {
             at: None,
         }
     }
+
+    /// Whether the last read stopped at a frame it saw claimed but not yet
+    /// published: an appender is copying it. A reader that announced
+    /// itself ([`Window::announce`]) and then stops here must not park —
+    /// that appender's wake-up check may have missed it — but read again
+    /// once the copy is done.
+    pub(crate) fn at_a_claimed_frame(&self) -> bool {
+        self.at.is_some_and(|p| {
+            self.seq
+                .checked_sub(p.first_seq)
+                .is_some_and(|index| index < u64::from(p.known))
+        })
+    }
 }
 
 /// What [`Window::place`] found.
@@ -321,6 +334,10 @@ pub(crate) struct Window {
 /// stream, one call's stream, and a cluster node's copy into Redis, say).
 /// More readers read as usual, without holding anything back.
 pub(crate) const HOLD_SLOTS: usize = 3;
+
+/// Rounds of [`Window::announce`] before it gives up on a head that keeps
+/// moving (the reader then reads again instead of parking).
+const ANNOUNCE_TRIES: u32 = 64;
 
 /// The window has one writer ([`Window::append_single`]).
 const SINGLE: u32 = 1;

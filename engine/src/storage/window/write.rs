@@ -73,15 +73,20 @@ impl Window {
                             used: used + frame_bytes as u32,
                         }
                         .encode(head.stamp);
-                        // Relaxed is enough for the claim itself: the frame
-                        // is published by its mark (Release), and the words
-                        // read below were published with the head (Acquire).
+                        // The frame is published by its mark (Release), and
+                        // the words read below were published with the head
+                        // (Acquire). Acquire on the claim is for the wake-up
+                        // check: it synchronises with a parking reader's
+                        // announcement on this word (`announce`), so the
+                        // plain load of the waiter count after the append
+                        // sees that reader. On x86 the CAS is the same
+                        // instruction either way.
                         if pool
                             .state(head.unit)
                             .compare_exchange(
                                 state_word,
                                 claimed,
-                                Ordering::Relaxed,
+                                Ordering::Acquire,
                                 Ordering::Relaxed,
                             )
                             .is_ok()
@@ -466,12 +471,14 @@ impl Window {
                 self.held_units.fetch_add(1 << class, Ordering::Relaxed);
                 // Release pairs with appenders' and readers' Acquire head
                 // loads: the header and state above are visible to them.
-                match self.head.compare_exchange(
-                    0,
-                    seg.pack(),
-                    Ordering::Release,
-                    Ordering::Relaxed,
-                ) {
+                // Acquire synchronises with a parking reader's announcement
+                // on the empty head word (`announce`), for the wake-up
+                // check of this append and of every appender that loads
+                // this head.
+                match self
+                    .head
+                    .compare_exchange(0, seg.pack(), Ordering::AcqRel, Ordering::Relaxed)
+                {
                     Ok(_) => Ok(Some((seg, class))),
                     // Closed in between; the closer owns the segment now.
                     Err(_) => Err(AppendFailure::Ended),
@@ -490,6 +497,42 @@ impl Window {
                 Ok(None)
             }
         }
+    }
+
+    /// A parking reader's half of the shared appenders' wake-up check
+    /// ([`Session::listen`](crate::session::Session::listen) has the whole
+    /// protocol): an RMW that leaves unchanged the word the window's next
+    /// shared claim is made on — the head segment's state word, or the
+    /// head word itself before the first segment and after a close.
+    ///
+    /// Whatever the reader announced before this call, a shared appender
+    /// whose claim (or first-segment install) comes after this RMW in that
+    /// word's modification order sees: its CAS reads this RMW's value (or
+    /// a later RMW's) and synchronises with it. An appender whose claim
+    /// came first has its frame counted in the state the reader loads
+    /// next. A sealed head is swung (as appenders do) and the new head
+    /// announced on instead, so the RMW lands where claims are made.
+    ///
+    /// Returns `false` when the head kept moving under it; the reader must
+    /// then not park (it reads again instead).
+    pub(crate) fn announce(&self, pool: &Pool) -> bool {
+        let spin = Spin::new();
+        for _ in 0..ANNOUNCE_TRIES {
+            let head_word = self.head.fetch_or(0, Ordering::AcqRel);
+            let Some(head) = SegRef::unpack(head_word) else {
+                // No segment yet (the install CAS is made on this word) or
+                // closed (the close wakes every reader).
+                return true;
+            };
+            let state = pool.state(head.unit).fetch_or(0, Ordering::AcqRel);
+            match State::decode(state, head.stamp) {
+                Some(State::Open { .. } | State::Last { .. }) => return true,
+                Some(State::Next { next, .. }) => self.swing(pool, head_word, next),
+                // The head moved on and its old segment was reused.
+                None => spin.snooze(),
+            }
+        }
+        false
     }
 
     /// Moves the head from `head_word` to its sealed successor `next` (any
