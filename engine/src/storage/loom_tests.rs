@@ -329,7 +329,7 @@ fn loom_wake_ups_are_never_lost() {
 /// The writer's first append installs the window's first segment (the
 /// reader may announce on the empty head word), its second seals that
 /// segment and claims in the next (the reader may announce on the first
-/// segment's state, or on the second's after helping the head swing). The
+/// segment's state, or on the second's once the head has moved). The
 /// reader waits for event 2: whenever it parks, the second append's check
 /// must see it.
 #[test]
@@ -452,6 +452,35 @@ fn loom_a_reader_of_a_single_writer_across_a_segment_boundary() {
         for n in 1..=2u64 {
             let seq = w.append_single(&p, A, &keep(8), &mut sw, 0, 1, &body(0, n), 0);
             assert_eq!(seq, Ok(n));
+        }
+        reader.join().unwrap();
+        w.writer_done(&p, &mut sw);
+    });
+}
+
+/// A reader parking on a single writer's session announces itself on the
+/// head (`Window::announce`) while the writer rolls to its next segment:
+/// the announcement must leave the head to the writer. (A reader that
+/// helped a sealed head swing, as shared appenders do, made the writer's
+/// own head CAS fail between its seal and its swing — which the writer
+/// takes for a close: its append refused, the session's output cut.)
+#[test]
+fn loom_a_reader_announcing_itself_leaves_a_single_writers_head_alone() {
+    loom::model(|| {
+        let p = Arc::new(pool(3, 0));
+        let w = Arc::new(Window::new_single());
+        let reader = {
+            let (p, w) = (p.clone(), w.clone());
+            thread::spawn(move || {
+                for _ in 0..2 {
+                    w.announce(&p);
+                }
+            })
+        };
+        let mut sw = SingleWriter::new();
+        for n in 1..=2u64 {
+            let seq = w.append_single(&p, A, &keep(8), &mut sw, 0, 1, &body(0, n), 0);
+            assert_eq!(seq, Ok(n), "the writer's appends are not refused");
         }
         reader.join().unwrap();
         w.writer_done(&p, &mut sw);

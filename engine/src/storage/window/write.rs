@@ -510,11 +510,16 @@ impl Window {
     /// word's modification order sees: its CAS reads this RMW's value (or
     /// a later RMW's) and synchronises with it. An appender whose claim
     /// came first has its frame counted in the state the reader loads
-    /// next. A sealed head is swung (as appenders do) and the new head
-    /// announced on instead, so the RMW lands where claims are made.
+    /// next. On a sealed head it waits for the head to move to the
+    /// successor and announces there, so the RMW lands where claims are
+    /// made. It never moves the head itself, as shared appenders do: a
+    /// single writer seals with a store and then swings with a CAS whose
+    /// failure means a close to it (loom model
+    /// `loom_a_reader_announcing_itself_leaves_a_single_writers_head_alone`).
     ///
-    /// Returns `false` when the head kept moving under it; the reader must
-    /// then not park (it reads again instead).
+    /// Returns `false` when the head did not settle (its sealer was
+    /// descheduled between the seal and the swing, or the head kept
+    /// moving); the reader must then not park (it reads again instead).
     pub(crate) fn announce(&self, pool: &Pool) -> bool {
         let spin = Spin::new();
         for _ in 0..ANNOUNCE_TRIES {
@@ -527,9 +532,9 @@ impl Window {
             let state = pool.state(head.unit).fetch_or(0, Ordering::AcqRel);
             match State::decode(state, head.stamp) {
                 Some(State::Open { .. } | State::Last { .. }) => return true,
-                Some(State::Next { next, .. }) => self.swing(pool, head_word, next),
-                // The head moved on and its old segment was reused.
-                None => spin.snooze(),
+                // Sealed, not swung yet; or the head moved on and its old
+                // segment was reused.
+                Some(State::Next { .. }) | None => spin.snooze(),
             }
         }
         false
