@@ -424,37 +424,45 @@ fn loom_a_single_writer_racing_a_close_never_writes_into_a_segment_given_away() 
     });
 }
 
+/// A single writer appends events 1 and 2 of stream 0 (one frame per
+/// segment: the second opens the next segment) while `other` runs on a
+/// thread of its own with the same pool and window; neither append may be
+/// refused.
+fn single_writer_appends_two_beside(other: impl FnOnce(Arc<Pool>, Arc<Window>) + Send + 'static) {
+    let p = Arc::new(pool(3, 0));
+    let w = Arc::new(Window::new_single());
+    let beside = {
+        let (p, w) = (p.clone(), w.clone());
+        thread::spawn(move || other(p, w))
+    };
+    let mut sw = SingleWriter::new();
+    for n in 1..=2u64 {
+        let seq = w.append_single(&p, A, &keep(8), &mut sw, 0, 1, &body(0, n), 0);
+        assert_eq!(seq, Ok(n), "the writer's appends are not refused");
+    }
+    beside.join().unwrap();
+    w.writer_done(&p, &mut sw);
+}
+
 #[test]
 fn loom_a_reader_of_a_single_writer_across_a_segment_boundary() {
     loom::model(|| {
-        let p = Arc::new(pool(3, 0));
-        let w = Arc::new(Window::new_single());
-        let reader = {
-            let (p, w) = (p.clone(), w.clone());
-            thread::spawn(move || {
-                let mut c = w.cursor_after(0);
-                let mut buf = Vec::new();
-                let mut next = 1;
-                for _ in 0..3 {
-                    match w.read(&p, A, &mut c, None, &mut buf) {
-                        Read::Event(m) => {
-                            assert_eq!(m.seq, next, "in order, none skipped");
-                            assert_eq!(buf, body(0, next));
-                            next += 1;
-                        }
-                        Read::Pending => {}
-                        other => panic!("{other:?}"),
+        single_writer_appends_two_beside(|p, w| {
+            let mut c = w.cursor_after(0);
+            let mut buf = Vec::new();
+            let mut next = 1;
+            for _ in 0..3 {
+                match w.read(&p, A, &mut c, None, &mut buf) {
+                    Read::Event(m) => {
+                        assert_eq!(m.seq, next, "in order, none skipped");
+                        assert_eq!(buf, body(0, next));
+                        next += 1;
                     }
+                    Read::Pending => {}
+                    other => panic!("{other:?}"),
                 }
-            })
-        };
-        let mut sw = SingleWriter::new();
-        for n in 1..=2u64 {
-            let seq = w.append_single(&p, A, &keep(8), &mut sw, 0, 1, &body(0, n), 0);
-            assert_eq!(seq, Ok(n));
-        }
-        reader.join().unwrap();
-        w.writer_done(&p, &mut sw);
+            }
+        })
     });
 }
 
@@ -467,23 +475,11 @@ fn loom_a_reader_of_a_single_writer_across_a_segment_boundary() {
 #[test]
 fn loom_a_reader_announcing_itself_leaves_a_single_writers_head_alone() {
     loom::model(|| {
-        let p = Arc::new(pool(3, 0));
-        let w = Arc::new(Window::new_single());
-        let reader = {
-            let (p, w) = (p.clone(), w.clone());
-            thread::spawn(move || {
-                for _ in 0..2 {
-                    w.announce(&p);
-                }
-            })
-        };
-        let mut sw = SingleWriter::new();
-        for n in 1..=2u64 {
-            let seq = w.append_single(&p, A, &keep(8), &mut sw, 0, 1, &body(0, n), 0);
-            assert_eq!(seq, Ok(n), "the writer's appends are not refused");
-        }
-        reader.join().unwrap();
-        w.writer_done(&p, &mut sw);
+        single_writer_appends_two_beside(|p, w| {
+            for _ in 0..2 {
+                w.announce(&p);
+            }
+        })
     });
 }
 
